@@ -1,0 +1,39 @@
+# Set-up is two commands: `make run` and `make test`. Both build .venv when it is missing
+# and are idempotent: the install step reruns only when pyproject.toml changes.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.fleetrl-installed
+LOGDIR ?= runs/cartpole
+RUN_FLAGS ?=
+
+.PHONY: run test install proto bench clean
+
+install: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch goes first and pinned: this takes the CPU build from the machine's disk, and
+# keeps pip from resolving torch itself later (a several-GB CUDA build).
+$(STAMP): $(PY) pyproject.toml
+	$(PY) -m pip install --quiet torch==2.13.0
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+run: install
+	$(PY) -m fleetrl.launch.local --problem=cartpole --logdir=$(LOGDIR) \
+	    --num_actors=2 --envs_per_actor=32 --total_env_steps=1000000 \
+	    --target_mean_return=475 $(RUN_FLAGS)
+
+test: install
+	$(PY) -m pytest -q
+
+proto: install
+	$(PY) -m fleetrl.proto.codegen
+
+bench: install
+	$(PY) -m fleetrl.bench.throughput --num_actors=2 --envs_per_actor=32
+
+clean:
+	rm -rf $(VENV) runs

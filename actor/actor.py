@@ -1,0 +1,161 @@
+"""The actor loop: step N envs, send one Step message, receive actions, repeat.
+
+The actor holds no model and no trajectory: the learner keeps every env's recurrent state
+and partial unroll. If the stream breaks because the learner is unreachable, the actor
+reconnects with exponential backoff and jitter, resending the step that was not answered,
+for up to `max_reconnect_s`. A rejection (bad handshake, bad message) is final.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import random
+import secrets
+import socket
+import time
+from typing import Iterator
+
+import grpc
+import numpy as np
+
+from fleetrl import PROTOCOL_VERSION
+from fleetrl.actor.config import ActorConfig
+from fleetrl.actor.episode_tracker import EpisodeTracker
+from fleetrl.envs.vector import make_vector_env
+from fleetrl.problems.base import Problem
+from fleetrl.problems.registry import load_problem
+from fleetrl.proto import learner_pb2 as pb
+from fleetrl.proto import learner_pb2_grpc as pb_grpc
+from fleetrl.proto.tensors import decode_all, encode_all
+
+log = logging.getLogger(__name__)
+
+# Codes that mean "the learner is not there right now": worth waiting for.
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED,
+              grpc.StatusCode.UNKNOWN}
+
+
+class ActorError(RuntimeError):
+    """The learner refused this actor, or it could not be reached in time."""
+
+
+class Actor:
+    def __init__(self, config: ActorConfig, problem: Problem | None = None):
+        self.config = config
+        self.actor_id = config.actor_id or f"{socket.gethostname()}:{os.getpid()}"
+        message_bytes = config.max_message_mb * 1024 * 1024
+        self._channel = grpc.insecure_channel(config.learner_address, options=[
+            ("grpc.max_receive_message_length", message_bytes), ("grpc.max_send_message_length", message_bytes)])
+        self._stub = pb_grpc.LearnerStub(self._channel)
+        self._problem = problem
+        self.steps_sent = 0
+
+    def run(self, max_steps: int | None = None) -> None:
+        """Acts until the learner ends the run (or for `max_steps` steps). Raises ActorError on failure."""
+        if self._problem is not None:
+            problem_name, problem = self.config.problem or self._problem.name, self._problem
+        else:
+            problem_name, problem = self._problem_from_learner()
+        envs = make_vector_env(problem.make_env, self.config.num_envs, self.config.async_envs)
+        try:
+            self._act(problem_name, problem, envs, max_steps)
+        finally:
+            envs.close()
+            self._channel.close()
+
+    def _problem_from_learner(self) -> tuple[str, Problem]:
+        info = self._with_retries(lambda: self._stub.GetRunInfo(pb.RunInfoRequest(), wait_for_ready=True, timeout=5))
+        if self.config.problem and info.problem != self.config.problem:
+            raise ActorError(f"the actor runs problem {self.config.problem!r} and the learner serves {info.problem!r}")
+        log.info("learner serves problem %s with hparams %s", info.problem, dict(info.hparams))
+        return info.problem, load_problem(info.problem, {**dict(info.hparams), **self.config.hparams})
+
+    def _act(self, problem_name: str, problem: Problem, envs, max_steps: int | None) -> None:
+        n = self.config.num_envs
+        seeds = np.random.SeedSequence(self.config.seed).generate_state(n)
+        obs, _ = envs.reset(seed=[int(s) for s in seeds])
+        # Fresh per process, so a restarted actor never continues an old trajectory.
+        run_ids = np.array([secrets.randbits(63) | 1 for _ in range(n)], np.uint64)
+        tracker = EpisodeTracker(n, problem.episode_metrics)
+        action_specs = problem.action_specs()
+        handshake = pb.Handshake(
+            protocol_version=PROTOCOL_VERSION, problem=problem_name,
+            actor_id=self.actor_id, num_envs=n,
+            observation_spec=[s.to_proto() for s in problem.observation_specs()],
+            action_spec=[s.to_proto() for s in action_specs],
+        )
+        step = _step_message(obs, np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), run_ids, [])
+
+        def session(requests: queue.SimpleQueue) -> bool:
+            """One stream; returns True when the learner ended the run."""
+            nonlocal step
+            responses = self._stub.Stream(_drain(requests))
+            try:
+                reply = next(responses)
+                if reply.WhichOneof("kind") == "finished":
+                    return True
+                log.info("connected to %s as %s", self.config.learner_address, self.actor_id)
+                while max_steps is None or self.steps_sent < max_steps:
+                    requests.put(pb.ActorMessage(step=step))
+                    reply = next(responses, None)
+                    if reply is None or reply.WhichOneof("kind") == "finished":
+                        reason = reply.finished.reason if reply is not None else "stream closed"
+                        log.info("the learner ended the run: %s", reason)
+                        return True
+                    self.steps_sent += 1
+                    actions = decode_all(reply.actions.actions, action_specs, n, "action")
+                    env_actions = actions[action_specs[0].name] if len(action_specs) == 1 else actions
+                    obs, reward, terminated, truncated, info = envs.step(env_actions)
+                    episodes = tracker.update(reward, terminated, truncated, info)
+                    step = _step_message(obs, reward, terminated, truncated, run_ids, episodes)
+                return True
+            finally:
+                requests.put(None)
+                responses.cancel()
+
+        def attempt() -> bool:
+            requests: queue.SimpleQueue = queue.SimpleQueue()
+            requests.put(pb.ActorMessage(handshake=handshake))
+            return session(requests)
+
+        self._with_retries(attempt)
+
+    def _with_retries(self, call):
+        """Runs `call`, retrying while the learner is unreachable, for up to max_reconnect_s."""
+        delay, give_up_at = 0.2, time.monotonic() + self.config.max_reconnect_s
+        while True:
+            sent_before = self.steps_sent
+            try:
+                return call()
+            except grpc.RpcError as e:
+                code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
+                if code not in _RETRYABLE:
+                    raise ActorError(f"the learner at {self.config.learner_address} refused actor "
+                                     f"{self.actor_id}: {code.name}: {e.details()}") from None
+                if self.steps_sent > sent_before:  # progress was made: the budget starts again
+                    delay, give_up_at = 0.2, time.monotonic() + self.config.max_reconnect_s
+                if time.monotonic() >= give_up_at:
+                    raise ActorError(f"gave up reaching the learner at {self.config.learner_address} after "
+                                     f"{self.config.max_reconnect_s:g}s: {code.name}: {e.details()}") from None
+                wait = min(delay, give_up_at - time.monotonic()) * random.uniform(0.5, 1.0)
+                log.warning("learner at %s unavailable (%s); retrying in %.1fs",
+                            self.config.learner_address, code.name, wait)
+                time.sleep(max(wait, 0.0))
+                delay = min(delay * 2, 10.0)
+
+
+def _drain(requests: queue.SimpleQueue) -> Iterator[pb.ActorMessage]:
+    while (item := requests.get()) is not None:
+        yield item
+
+
+def _step_message(obs, reward, terminated, truncated, run_ids, episodes) -> pb.Step:
+    n = len(run_ids)
+    observations = obs if isinstance(obs, dict) else {"observation": obs}
+    return pb.Step(
+        env_indices=range(n), run_ids=run_ids.tolist(), observations=encode_all(observations),
+        rewards=np.asarray(reward, np.float32).tolist(), terminated=np.asarray(terminated, bool).tolist(),
+        truncated=np.asarray(truncated, bool).tolist(), finished_episodes=episodes,
+    )

@@ -1,0 +1,22 @@
+"""The actor's configuration, built once at the entry point and passed down."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class ActorConfig:
+    learner_address: str = "127.0.0.1:8686"
+    # None: ask the learner which Problem (and hparams) it serves.
+    problem: str | None = None
+    hparams: dict[str, str] = dataclasses.field(default_factory=dict)
+    num_envs: int = 32
+    # Unique per connected actor; empty means hostname:pid.
+    actor_id: str = ""
+    seed: int = 0
+    # Step envs in subprocesses; worth it only for heavy simulators.
+    async_envs: bool = False
+    # How long to keep trying to (re)connect before giving up with a non-zero exit.
+    max_reconnect_s: float = 60.0
+    max_message_mb: int = 64

@@ -1,0 +1,7 @@
+"""Agents: VALAN-style torso / neck / head models that serve inference and training alike."""
+
+from fleetrl.agents.base import Agent, AgentOutput, State
+from fleetrl.agents.lstm import LSTMAgent
+from fleetrl.agents.mlp import MLPAgent
+
+__all__ = ["Agent", "AgentOutput", "State", "LSTMAgent", "MLPAgent"]

@@ -1,0 +1,37 @@
+"""A feed-forward agent for vector observations (CartPole-class control)."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+from torch import nn
+
+from fleetrl.agents.base import Agent, AgentOutput, Observation
+
+
+def mlp(input_size: int, hidden_sizes: Sequence[int]) -> nn.Sequential:
+    layers: list[nn.Module] = []
+    for size in hidden_sizes:
+        layers += [nn.Linear(input_size, size), nn.Tanh()]
+        input_size = size
+    return nn.Sequential(*layers)
+
+
+class MLPAgent(Agent):
+    """Torso: an MLP on one flat observation. Neck: none. Head: policy logits and a baseline."""
+
+    def __init__(self, observation_size: int, num_actions: int, hidden_sizes: Sequence[int] = (64, 64),
+                 observation_key: str = "observation"):
+        super().__init__()
+        self.observation_key = observation_key
+        self.body = mlp(observation_size, hidden_sizes)
+        self.policy = nn.Linear(hidden_sizes[-1], num_actions)
+        self.baseline = nn.Linear(hidden_sizes[-1], 1)
+
+    def torso(self, observation: Observation) -> torch.Tensor:
+        x = observation[self.observation_key]
+        return self.body(x.reshape(x.shape[0], -1).float())
+
+    def head(self, neck_output: torch.Tensor) -> AgentOutput:
+        return {"policy_logits": self.policy(neck_output), "baseline": self.baseline(neck_output).squeeze(-1)}

@@ -1,0 +1,1 @@
+"""Environments and the vectorization that actors use to step them as a batch."""

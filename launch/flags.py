@@ -1,0 +1,98 @@
+"""absl flags generated from config dataclasses, and the way back to a command line.
+
+Each config field becomes a flag of the same name, with the help text below. `to_argv`
+renders a config as flags, so `launch.local` starts the learner and actors with exactly
+the config it was given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from typing import Any
+
+from absl import flags
+
+from fleetrl.problems.hparams import format_hparams, parse_hparams
+
+HELP = {
+    "problem": "A registered Problem name (see fleetrl.problems.registry) or an import path module:Class.",
+    "hparams": "Overrides of the Problem's config, e.g. learning_rate=3e-4,hidden_sizes=[128,128].",
+    "logdir": "Where TensorBoard summaries and run files go.",
+    "bind": "Address the learner serves: host:port (port 0 picks a free one) or unix:/path. "
+            "The default serves this machine only; use 0.0.0.0:PORT to serve other hosts.",
+    "unroll_length": "T: each unroll has T+1 steps, the first being the previous unroll's last.",
+    "batch_size": "B: unrolls per trainer step.",
+    "inference_batch_size": "Envs per inference forward pass: a batch flushes at this size...",
+    "inference_timeout_ms": "...or this long after its first request arrived.",
+    "unroll_queue_size": "Finished unrolls waiting for the trainer; when full, inference waits (bounds memory and lag).",
+    "total_env_steps": "Stop after this many env steps (transitions); 0 for no limit.",
+    "target_mean_return": "Stop once the mean return of the last return_window episodes reaches this.",
+    "return_window": "Episodes in the recent-return window.",
+    "summary_interval_s": "Seconds between TensorBoard writes.",
+    "torch_threads": "torch intra-op threads (torch.set_num_threads). 1 is fastest for small models on few cores.",
+    "max_actors": "Actor streams served at once (one gRPC thread each).",
+    "max_message_mb": "Largest gRPC message accepted, in MiB.",
+    "device": "Torch device of the model: cpu, cuda, cuda:1, ...",
+    "seed": "Random seed.",
+    "learner_address": "host:port or unix:/path of the learner.",
+    "num_envs": "Envs this actor steps as one batch.",
+    "actor_id": "Unique id of this actor; default hostname:pid.",
+    "async_envs": "Step envs in subprocesses (for heavy simulators).",
+    "max_reconnect_s": "Give up (exit non-zero) after this long without reaching the learner.",
+}
+
+
+def define_flags(config_cls: type, skip: tuple[str, ...] = (), prefix: str = "") -> None:
+    """Defines one absl flag per field of `config_cls`, defaulting to the field's default."""
+    hints = typing.get_type_hints(config_cls)
+    for field in dataclasses.fields(config_cls):
+        name = prefix + field.name
+        if field.name in skip or name in flags.FLAGS:
+            continue
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        kind, help_text = hints[field.name], HELP.get(field.name, field.name)
+        if kind is bool:
+            flags.DEFINE_boolean(name, default, help_text)
+        elif kind is int:
+            flags.DEFINE_integer(name, default, help_text)
+        elif kind is float:
+            flags.DEFINE_float(name, default, help_text)
+        elif kind in (str, str | None, float | None):
+            flags.DEFINE_string(name, None if default is None else str(default), help_text)
+        elif kind == dict[str, str]:
+            flags.DEFINE_string(name, format_hparams(default), help_text)
+        else:
+            raise TypeError(f"{config_cls.__name__}.{field.name}: no flag type for {kind}")
+
+
+def from_flags(config_cls: type, prefix: str = "", **overrides: Any) -> Any:
+    """A `config_cls` from the parsed flags; `overrides` win."""
+    hints = typing.get_type_hints(config_cls)
+    values = {}
+    for field in dataclasses.fields(config_cls):
+        if field.name in overrides or prefix + field.name not in flags.FLAGS:
+            continue
+        value = flags.FLAGS[prefix + field.name].value
+        kind = hints[field.name]
+        if kind == dict[str, str]:
+            value = parse_hparams(value)
+        elif kind == float | None:
+            value = None if value in (None, "", "none", "None") else float(value)
+        values[field.name] = value
+    return config_cls(**values, **overrides)
+
+
+def to_argv(config: Any, skip: tuple[str, ...] = ()) -> list[str]:
+    """The command-line flags that reproduce `config`."""
+    argv = []
+    for field in dataclasses.fields(config):
+        value = getattr(config, field.name)
+        if field.name in skip or value is None:
+            continue
+        if isinstance(value, dict):
+            value = format_hparams(value)
+        elif isinstance(value, bool):
+            value = str(value).lower()
+        argv.append(f"--{field.name}={value}")
+    return argv

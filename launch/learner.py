@@ -1,0 +1,61 @@
+"""Runs a learner: `python -m fleetrl.launch.learner --problem=cartpole --logdir=... --bind=HOST:PORT`.
+
+It serves actors until the run ends (total_env_steps, target_mean_return, SIGTERM or
+Ctrl-C), then writes `summary.json` to the logdir. Exit code: 0, or 1 when a target
+return was set and not reached. The bound address is written to `<logdir>/learner_address`
+(useful with --bind=127.0.0.1:0).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from absl import app, flags, logging
+
+from fleetrl.launch.flags import define_flags, from_flags
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.learner import Learner
+from fleetrl.problems.registry import UnknownProblemError
+
+define_flags(LearnerConfig)
+FLAGS = flags.FLAGS
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    config = from_flags(LearnerConfig)
+    try:
+        learner = Learner(config)
+    except UnknownProblemError as e:
+        logging.error("%s", e)
+        return 2
+    if not config.bind.startswith(("127.", "localhost", "unix:", "[::1]")):
+        logging.warning("serving %s to other hosts without authentication: anyone who can reach this "
+                        "address can join the run", config.bind)
+    os.makedirs(config.logdir, exist_ok=True)
+    tmp = os.path.join(config.logdir, "learner_address.tmp")
+    with open(tmp, "w") as f:
+        f.write(learner.address)
+    os.replace(tmp, os.path.join(config.logdir, "learner_address"))
+    logging.info("learner for %s serving on %s, logdir %s", config.problem, learner.address, config.logdir)
+
+    def on_signal(signum, frame):
+        learner.finish(f"stopped by {signal.Signals(signum).name}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    summary = learner.run()
+    logging.info("run ended: %s; %s env steps, %s episodes, mean return %.1f, %s trainer steps, %.0fs",
+                 summary.reason, f"{summary.env_steps:,}", summary.episodes, summary.mean_episode_return,
+                 summary.trainer_steps, summary.wall_s)
+    return 1 if summary.target_reached is False else 0
+
+
+def run() -> None:
+    app.run(lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,189 @@
+"""Everything on one machine: `python -m fleetrl.launch.local --problem=cartpole`.
+
+Starts the learner and --num_actors actor processes (and TensorBoard with
+--tensorboard_port), shows a live progress line read from the learner's GetStatus RPC,
+and stops everything when the learner ends the run, on Ctrl-C, or when a child crashes.
+Children's logs go to <logdir>/logs/. Exit code: the learner's (0, or 1 when a target
+return was set and not reached), or 1 if a process crashed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import shutil
+import signal
+import sys
+import time
+
+import grpc
+from absl import app, flags
+
+from fleetrl.actor.config import ActorConfig
+from fleetrl.launch.flags import define_flags, from_flags, to_argv
+from fleetrl.launch.processes import ChildProcesses
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.proto import learner_pb2 as pb
+from fleetrl.proto import learner_pb2_grpc as pb_grpc
+
+define_flags(LearnerConfig, skip=("bind",))
+flags.DEFINE_integer("num_actors", 2, "Actor processes to start.")
+flags.DEFINE_integer("envs_per_actor", 32, "Envs each actor steps.")
+flags.DEFINE_boolean("async_envs", False, "Actors step their envs in subprocesses.")
+flags.DEFINE_float("max_reconnect_s", 60.0, "Actors give up after this long without the learner.")
+flags.DEFINE_integer("tensorboard_port", 0, "Also start TensorBoard on this port (0: don't).")
+flags.DEFINE_float("progress_interval_s", 1.0, "Seconds between progress updates.")
+FLAGS = flags.FLAGS
+
+
+@dataclasses.dataclass
+class LocalConfig:
+    learner: LearnerConfig
+    num_actors: int
+    envs_per_actor: int
+    async_envs: bool
+    max_reconnect_s: float
+    tensorboard_port: int
+    progress_interval_s: float
+
+
+def launch(config: LocalConfig) -> int:
+    learner_cfg = config.learner
+    os.makedirs(learner_cfg.logdir, exist_ok=True)
+    logs = os.path.join(learner_cfg.logdir, "logs")
+    address_file = os.path.join(learner_cfg.logdir, "learner_address")
+    if os.path.exists(address_file):
+        os.remove(address_file)
+    children = ChildProcesses()
+    python = [sys.executable, "-m"]
+    stop_requested = []
+    signal.signal(signal.SIGINT, lambda *_: stop_requested.append("Ctrl-C"))
+    signal.signal(signal.SIGTERM, lambda *_: stop_requested.append("SIGTERM"))
+    progress = Progress(sys.stdout.isatty())
+    try:
+        learner = children.start("learner", python + ["fleetrl.launch.learner", *to_argv(learner_cfg)],
+                                 os.path.join(logs, "learner.log"))
+        address = _wait_for_address(address_file, learner)
+        if address is None:
+            print(f"the learner exited before serving:\n{learner.tail()}", file=sys.stderr)
+            return 1
+        actors = [
+            children.start(f"actor-{i}", python + ["fleetrl.launch.actor", *to_argv(ActorConfig(
+                learner_address=address, problem=learner_cfg.problem, num_envs=config.envs_per_actor,
+                actor_id=f"local-{i}", seed=learner_cfg.seed * 1000 + i, async_envs=config.async_envs,
+                max_reconnect_s=config.max_reconnect_s))], os.path.join(logs, f"actor-{i}.log"))
+            for i in range(config.num_actors)
+        ]
+        if config.tensorboard_port and shutil.which("tensorboard"):
+            children.start("tensorboard", ["tensorboard", f"--logdir={learner_cfg.logdir}",
+                                           f"--port={config.tensorboard_port}"], os.path.join(logs, "tensorboard.log"))
+        print(f"fleetrl: {learner_cfg.problem} on {address}, {config.num_actors} actors x "
+              f"{config.envs_per_actor} envs; logs in {logs}")
+        crashed = []
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.LearnerStub(channel)
+            while True:
+                if stop_requested:
+                    progress.end()
+                    print(f"{stop_requested[0]}: stopping")
+                    children.stop([learner])  # the learner ends its streams; actors then exit 0
+                    break
+                crashed = [c for c in children.exited() if c is not learner and c.process.returncode != 0]
+                if crashed or learner.process.poll() is not None:
+                    break
+                try:
+                    progress.show(stub.GetStatus(pb.StatusRequest(), timeout=2))
+                except grpc.RpcError:
+                    pass
+                time.sleep(config.progress_interval_s)
+        progress.end()
+        if crashed:
+            child = crashed[0]
+            print(f"{child.name} exited with code {child.process.returncode}; stopping the run. "
+                  f"Last lines of {child.log_path}:\n{child.tail()}", file=sys.stderr)
+            return 1
+        code = learner.process.wait()
+        children.stop(actors, timeout_s=15)
+        return _report(learner_cfg.logdir, code, learner, config.tensorboard_port)
+    finally:
+        children.stop()
+
+
+def _wait_for_address(path: str, learner) -> str | None:
+    while learner.process.poll() is None:
+        if os.path.exists(path):
+            with open(path) as f:
+                return f.read().strip()
+        time.sleep(0.1)
+    return None
+
+
+def _report(logdir: str, code: int, learner, tensorboard_port: int) -> int:
+    summary_path = os.path.join(logdir, "summary.json")
+    if code not in (0, 1) or not os.path.exists(summary_path):
+        print(f"the learner exited with code {code}. Last lines of {learner.log_path}:\n{learner.tail()}",
+              file=sys.stderr)
+        return code or 1
+    with open(summary_path) as f:
+        s = json.load(f)
+    print(f"done: {s['reason']}\n"
+          f"  env steps {s['env_steps']:,} | episodes {s['episodes']:,} | mean return (recent) "
+          f"{s['mean_episode_return']:.1f} | trainer steps {s['trainer_steps']:,} | {s['wall_s']:.0f}s")
+    if s.get("target_reached") is False:
+        print("  the target mean return was not reached")
+    print(f"TensorBoard: tensorboard --logdir {logdir}" +
+          (f"  (running on http://localhost:{tensorboard_port})" if tensorboard_port else ""))
+    return code
+
+
+class Progress:
+    """One status line, redrawn in place on a terminal, printed every 10 s otherwise."""
+
+    def __init__(self, interactive: bool):
+        self.interactive = interactive
+        self._last_print = 0.0
+        self._drawn = False
+
+    def show(self, status: pb.Status) -> None:
+        ret = "-" if math.isnan(status.mean_episode_return) else f"{status.mean_episode_return:.1f}"
+        lag = "-" if math.isnan(status.policy_lag) else f"{status.policy_lag:.1f}"
+        line = (f"[{status.uptime_s:5.0f}s] env steps {status.env_steps:>10,} | {status.env_steps_per_s:7,.0f}/s | "
+                f"return {ret:>6} ({status.episodes:,} eps) | lag {lag} | trainer {status.trainer_steps:,} | "
+                f"actors {status.connected_actors}")
+        if self.interactive:
+            sys.stdout.write("\r\033[K" + line)
+            sys.stdout.flush()
+            self._drawn = True
+        elif time.monotonic() - self._last_print >= 10:
+            print(line, flush=True)
+            self._last_print = time.monotonic()
+
+    def end(self) -> None:
+        if self._drawn:
+            sys.stdout.write("\n")
+            self._drawn = False
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    learner = from_flags(LearnerConfig, bind="127.0.0.1:0")
+    if FLAGS["logdir"].using_default_value:
+        learner = dataclasses.replace(learner, logdir=os.path.join("runs", f"{_safe(learner.problem)}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    return launch(LocalConfig(
+        learner=learner, num_actors=FLAGS.num_actors, envs_per_actor=FLAGS.envs_per_actor,
+        async_envs=FLAGS.async_envs, max_reconnect_s=FLAGS.max_reconnect_s,
+        tensorboard_port=FLAGS.tensorboard_port, progress_interval_s=FLAGS.progress_interval_s))
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name.rsplit(":", 1)[-1]).lower()
+
+
+def run() -> None:
+    app.run(lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == "__main__":
+    run()

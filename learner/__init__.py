@@ -1,0 +1,1 @@
+"""The learner: gRPC server, inference batching, per-env state, unroll assembly, training."""

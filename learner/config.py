@@ -1,0 +1,37 @@
+"""The learner's configuration, built once at the entry point and passed down."""
+
+from __future__ import annotations
+
+import dataclasses
+
+
+@dataclasses.dataclass
+class LearnerConfig:
+    problem: str = "cartpole"
+    # The Problem's own config overrides, key=value (see fleetrl.problems.hparams).
+    hparams: dict[str, str] = dataclasses.field(default_factory=dict)
+    logdir: str = "runs/default"
+    # host:port, or unix:/path. The default serves this machine only.
+    bind: str = "127.0.0.1:8686"
+    unroll_length: int = 20
+    # Small batches mean more updates per env step; raise it with the fleet's size.
+    batch_size: int = 8
+    # Envs per forward pass; a batch flushes at this size or after the timeout.
+    inference_batch_size: int = 64
+    inference_timeout_ms: float = 5.0
+    # Finished unrolls waiting for the trainer. Bounds memory and policy lag.
+    unroll_queue_size: int = 64
+    # 0 means no limit.
+    total_env_steps: int = 0
+    # Stop once the mean return of the last `return_window` episodes reaches this.
+    target_mean_return: float | None = None
+    return_window: int = 100
+    summary_interval_s: float = 5.0
+    # Threads for torch ops in each of the inference and training threads. One is fastest
+    # for small models on small machines; raise it for big models on many cores.
+    torch_threads: int = 1
+    # Concurrent actor streams served (one gRPC worker thread each).
+    max_actors: int = 64
+    max_message_mb: int = 64
+    device: str = "cpu"
+    seed: int = 0

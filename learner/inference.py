@@ -1,0 +1,107 @@
+"""One batched inference step over the requests of many actors.
+
+This is the learner's inference hot path, called by the batching thread: look up each
+env's state, run the agent once, pick actions, record the step, and hand finished unrolls
+to the trainer's queue (which blocks when full: the backpressure).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from fleetrl.agents.base import Agent
+from fleetrl.learner.env_state_store import EnvStateStore, Unroll
+from fleetrl.problems.base import Problem
+
+
+@dataclasses.dataclass
+class StepRequest:
+    """One actor's step, decoded and validated by the server. Arrays are [n, ...]."""
+
+    slots: np.ndarray
+    run_ids: np.ndarray
+    observation: dict[str, np.ndarray]
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    deterministic: bool = False
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+
+class PolicyVersion:
+    """The model's version, and the lock that keeps inference from reading a half-updated model."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.version = 0
+
+
+class InferenceStep:
+    def __init__(self, problem: Problem, agent: Agent, policy: PolicyVersion, store: EnvStateStore,
+                 emit_unroll: Callable[[Unroll], bool], device: torch.device):
+        self.problem = problem
+        self.agent = agent
+        self.policy = policy
+        self.store = store
+        self.emit_unroll = emit_unroll
+        self.device = device
+        self.env_steps = 0  # transitions: steps that are not the first of an episode
+        self.batches = 0
+        self.batch_envs = 0
+
+    @torch.no_grad()
+    def __call__(self, requests: Sequence[StepRequest]) -> list[dict[str, np.ndarray]]:
+        slots = np.concatenate([r.slots for r in requests])
+        run_ids = np.concatenate([r.run_ids for r in requests])
+        obs = {k: torch.from_numpy(np.concatenate([r.observation[k] for r in requests])) for k in requests[0].observation}
+        first, state, prev_action = self.store.begin_step(slots, run_ids)
+        obs.update({f"prev_action/{k}": v for k, v in prev_action.items()})
+        deterministic = torch.tensor(np.repeat([r.deterministic for r in requests], [len(r) for r in requests]))
+
+        with self.policy.lock:
+            version = self.policy.version
+            out, new_state = self.agent.step(_to(obs, self.device), first.to(self.device), _to(state, self.device))
+            sampled = self.problem.select_actor_action(out, obs, deterministic=False)
+            if deterministic.any():
+                greedy = self.problem.select_actor_action(out, obs, deterministic=True)
+                sampled = {k: torch.where(_expand(deterministic, v), greedy[k], v) for k, v in sampled.items()}
+            log_prob = self.problem.action_log_prob(out, sampled)
+        actions = _to(sampled, "cpu")
+
+        ended = np.concatenate([r.terminated | r.truncated for r in requests])
+        step = {f"obs/{k}": v for k, v in obs.items()}
+        step.update({f"action/{k}": v for k, v in actions.items()})
+        step.update(
+            first=first,
+            reward=torch.from_numpy(np.concatenate([r.reward for r in requests])),
+            terminated=torch.from_numpy(np.concatenate([r.terminated for r in requests])),
+            truncated=torch.from_numpy(np.concatenate([r.truncated for r in requests])),
+            behaviour_log_prob=log_prob.cpu(),
+            policy_version=torch.full((len(slots),), version, dtype=torch.int64),
+        )
+        for unroll in self.store.end_step(slots, step, state, _to(new_state, "cpu"), actions, ended):
+            if not self.emit_unroll(unroll):
+                break
+
+        self.env_steps += int((~first).sum())
+        self.batches += 1
+        self.batch_envs += len(slots)
+        bounds = np.cumsum([0] + [len(r) for r in requests])
+        numpy_actions = {k: v.numpy() for k, v in actions.items()}
+        return [{k: v[a:b] for k, v in numpy_actions.items()} for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def _to(tree, device):
+    from torch.utils import _pytree as pytree
+    return pytree.tree_map(lambda x: x.to(device), tree)
+
+
+def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return mask.reshape(mask.shape + (1,) * (like.dim() - 1))

@@ -1,0 +1,85 @@
+"""Dynamic batching: merges the requests of many actor streams into one forward pass.
+
+Each actor stream thread submits its request and waits on a Future. One batching thread
+takes requests off a queue until their envs add up to `max_batch_size` or `timeout_s` has
+passed since the first one arrived, then calls `handler` once for all of them. So a slow or
+vanished actor delays the others by at most the timeout, and never blocks them.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from typing import Any, Callable, Generic, Sequence, TypeVar
+
+Request = TypeVar("Request")
+
+
+class BatcherStopped(RuntimeError):
+    pass
+
+
+class InferenceBatcher(Generic[Request]):
+    def __init__(self, handler: Callable[[Sequence[Request]], Sequence[Any]], size_of: Callable[[Request], int],
+                 max_batch_size: int, timeout_s: float):
+        self._handler = handler
+        self._size_of = size_of
+        self.max_batch_size = max_batch_size
+        self.timeout_s = timeout_s
+        self._queue: queue.SimpleQueue[tuple[Request, Future]] = queue.SimpleQueue()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="inference-batcher", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        while True:  # fail whatever is still waiting, so no stream thread hangs
+            try:
+                _, future = self._queue.get_nowait()
+            except queue.Empty:
+                break
+            future.set_exception(BatcherStopped("the learner is shutting down"))
+
+    def submit(self, request: Request) -> Future:
+        future: Future = Future()
+        if self._stop.is_set():
+            future.set_exception(BatcherStopped("the learner is shutting down"))
+        else:
+            self._queue.put((request, future))
+        return future
+
+    def _next_batch(self) -> list[tuple[Request, Future]]:
+        try:
+            batch = [self._queue.get(timeout=0.1)]
+        except queue.Empty:
+            return []
+        size = self._size_of(batch[0][0])
+        deadline = time.monotonic() + self.timeout_s
+        while size < self.max_batch_size:
+            remaining = deadline - time.monotonic()
+            try:
+                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
+            except queue.Empty:
+                break
+            batch.append(item)
+            size += self._size_of(item[0])
+        return batch
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            batch = self._next_batch()
+            if not batch:
+                continue
+            try:
+                results = self._handler([request for request, _ in batch])
+            except BaseException as e:  # the handler's failure belongs to these requests, not the thread
+                for _, future in batch:
+                    future.set_exception(e)
+                continue
+            for (_, future), result in zip(batch, results):
+                future.set_result(result)

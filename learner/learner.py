@@ -1,0 +1,216 @@
+"""The Learner: builds the parts, serves actors, trains, and writes summaries.
+
+Threads:
+- gRPC workers, one per actor stream (`server.LearnerService`);
+- the inference batcher (`inference_batcher.InferenceBatcher` calling `inference.InferenceStep`);
+- the monitor, which writes TensorBoard summaries and checks the stop conditions;
+- the caller's thread, which runs the training loop below.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import threading
+import time
+from concurrent import futures
+
+import grpc
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+from torch.utils.tensorboard import SummaryWriter
+
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.env_state_store import EnvStateStore
+from fleetrl.learner.inference import InferenceStep, PolicyVersion
+from fleetrl.learner.inference_batcher import InferenceBatcher
+from fleetrl.learner.metrics import EpisodeWindow, RateMeter, ScalarMeans
+from fleetrl.learner.server import LearnerService, ServedRun
+from fleetrl.learner.trainer import Trainer
+from fleetrl.learner.unroll import STEP_FIELDS
+from fleetrl.learner.unroll_queue import UnrollQueue
+from fleetrl.problems.base import Problem
+from fleetrl.problems.registry import load_problem
+from fleetrl.proto import learner_pb2 as pb
+from fleetrl.proto import learner_pb2_grpc as pb_grpc
+
+
+@dataclasses.dataclass
+class RunSummary:
+    reason: str
+    env_steps: int
+    episodes: int
+    mean_episode_return: float
+    trainer_steps: int
+    wall_s: float
+    target_reached: bool | None
+
+
+class Learner:
+    def __init__(self, config: LearnerConfig, problem: Problem | None = None):
+        self.config = config
+        torch.set_num_threads(config.torch_threads)
+        torch.manual_seed(config.seed)
+        self.device = torch.device(config.device)
+        self.problem = problem or load_problem(config.problem, config.hparams)
+        obs_specs, action_specs = self.problem.observation_specs(), self.problem.action_specs()
+
+        self.agent = self.problem.make_agent().to(self.device)
+        self.optimizer = self.problem.make_optimizer(self.agent.parameters())
+        self.policy = PolicyVersion()
+        self.stop = threading.Event()
+        self._reason = ""
+
+        obs_fields = {s.name: (_torch_dtype(s.dtype), s.shape) for s in obs_specs}
+        action_fields = {s.name: (_torch_dtype(s.dtype), s.shape) for s in action_specs}
+        obs_fields.update({f"prev_action/{k}": v for k, v in action_fields.items()})
+        example = {k: torch.zeros((1, *shape), dtype=dtype) for k, (dtype, shape) in obs_fields.items()}
+        with torch.no_grad():
+            state_template = pytree.tree_map(
+                lambda x: x.cpu(), self.agent.initial_state({k: v.to(self.device) for k, v in example.items()}))
+        step_fields = {f"obs/{k}": v for k, v in obs_fields.items()}
+        step_fields.update({f"action/{k}": v for k, v in action_fields.items()})
+        step_fields.update({k: (dtype, ()) for k, dtype in STEP_FIELDS.items()})
+        self.store = EnvStateStore(config.unroll_length, step_fields, action_fields, state_template)
+
+        self.unrolls = UnrollQueue(config.unroll_queue_size, self.stop)
+        self.inference = InferenceStep(self.problem, self.agent, self.policy, self.store, self.unrolls.put, self.device)
+        self.batcher = InferenceBatcher(self.inference, len, config.inference_batch_size,
+                                        config.inference_timeout_ms / 1000)
+        self.trainer = Trainer(self.problem, self.agent, self.optimizer, self.policy, self.device)
+        self.episodes = EpisodeWindow(config.return_window)
+        self.scalars = ScalarMeans()
+        self._env_rate = RateMeter()
+        self._started = time.monotonic()
+
+        self.service = LearnerService(ServedRun(
+            problem=config.problem, hparams=dict(config.hparams), observation_specs=obs_specs,
+            action_specs=action_specs, store=self.store, batcher=self.batcher, episodes=self.episodes,
+            scalars=self.scalars, status=self.status, finished=self.stop, finished_reason=lambda: self._reason,
+            policy_version=lambda: self.policy.version,
+        ))
+        message_bytes = config.max_message_mb * 1024 * 1024
+        self.server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=config.max_actors + 4, thread_name_prefix="actor-stream"),
+            maximum_concurrent_rpcs=config.max_actors + 4,
+            options=[("grpc.max_receive_message_length", message_bytes),
+                     ("grpc.max_send_message_length", message_bytes)],
+        )
+        pb_grpc.add_LearnerServicer_to_server(self.service, self.server)
+        port = self.server.add_insecure_port(config.bind)
+        if port == 0 and not config.bind.startswith("unix:"):
+            raise OSError(f"cannot bind the learner to {config.bind}")
+        self.address = config.bind if config.bind.startswith("unix:") else f"{config.bind.rsplit(':', 1)[0]}:{port}"
+
+    # ----- the run -----
+
+    def run(self) -> RunSummary:
+        os.makedirs(self.config.logdir, exist_ok=True)
+        writer = SummaryWriter(self.config.logdir)
+        self.server.start()
+        self.batcher.start()
+        monitor = threading.Thread(target=self._monitor, args=(writer,), name="monitor", daemon=True)
+        monitor.start()
+        try:
+            while not self.stop.is_set():
+                batch = self.unrolls.get_batch(self.config.batch_size)
+                if batch is None:
+                    break
+                self.scalars.add_all(self.trainer.step(batch))
+        except BaseException as e:
+            self.finish(f"error: {e!r}")
+            raise
+        finally:
+            self.finish("stopped")
+            self.batcher.stop()
+            self.server.stop(grace=5).wait()
+            monitor.join(timeout=10)
+            self._write_summaries(writer)
+            writer.close()
+        summary = self.summary()
+        _write_json(os.path.join(self.config.logdir, "summary.json"), dataclasses.asdict(summary))
+        return summary
+
+    def finish(self, reason: str) -> None:
+        """Ends the run: the first reason given is the one reported."""
+        if not self.stop.is_set():
+            self._reason = reason
+            self.stop.set()
+
+    def _monitor(self, writer: SummaryWriter) -> None:
+        next_write = time.monotonic() + self.config.summary_interval_s
+        while not self.stop.wait(0.25):
+            self._check_stop_conditions()
+            if time.monotonic() >= next_write:
+                self._write_summaries(writer)
+                next_write += self.config.summary_interval_s
+
+    def _check_stop_conditions(self) -> None:
+        target = self.config.target_mean_return
+        if target is not None and len(self.episodes) >= self.config.return_window \
+                and self.episodes.mean("return") >= target:
+            self.finish(f"target reached: mean return {self.episodes.mean('return'):.1f} >= {target:g} "
+                        f"over the last {self.config.return_window} episodes")
+        elif self.config.total_env_steps and self.inference.env_steps >= self.config.total_env_steps:
+            self.finish(f"total_env_steps reached ({self.config.total_env_steps:,})")
+
+    # ----- observability -----
+
+    _last_counts = (0.0, 0, 0, 0, 0)
+
+    def _write_summaries(self, writer: SummaryWriter) -> None:
+        now = time.monotonic()
+        t0, steps0, train0, batches0, envs0 = self._last_counts
+        steps, train = self.inference.env_steps, self.trainer.steps
+        batches, envs = self.inference.batches, self.inference.batch_envs
+        self._last_counts = (now, steps, train, batches, envs)
+        elapsed = max(now - t0, 1e-9) if t0 else max(now - self._started, 1e-9)
+        scalars = self.scalars.drain()
+        scalars.update({
+            "throughput/env_steps_per_s": (steps - steps0) / elapsed,
+            "throughput/learner_steps_per_s": (train - train0) / elapsed,
+            "learner/unroll_queue_size": self.unrolls.qsize(),
+            "learner/connected_actors": self.service.connected_actors,
+            "learner/dropped_partial_unrolls": self.store.dropped_partial_unrolls,
+            "learner/rejected_messages": self.service.rejected_messages,
+            "learner/policy_version": self.policy.version,
+        })
+        if batches > batches0:
+            scalars["inference/mean_batch_size"] = (envs - envs0) / (batches - batches0)
+        for tag, value in scalars.items():
+            if math.isfinite(value):
+                writer.add_scalar(tag, value, global_step=steps)
+        writer.flush()
+
+    def status(self) -> pb.Status:
+        steps = self.inference.env_steps
+        return pb.Status(
+            env_steps=steps, env_steps_per_s=self._env_rate.rate(steps), episodes=self.episodes.total,
+            mean_episode_return=self.episodes.mean("return"), policy_lag=self.trainer.last_policy_lag,
+            trainer_steps=self.trainer.steps, connected_actors=self.service.connected_actors,
+            finished=self.stop.is_set(), finished_reason=self._reason, uptime_s=time.monotonic() - self._started,
+        )
+
+    def summary(self) -> RunSummary:
+        mean_return = self.episodes.mean("return")
+        target = self.config.target_mean_return
+        return RunSummary(
+            reason=self._reason, env_steps=self.inference.env_steps, episodes=self.episodes.total,
+            mean_episode_return=mean_return, trainer_steps=self.trainer.steps,
+            wall_s=time.monotonic() - self._started,
+            target_reached=None if target is None else self._reason.startswith("target reached"),
+        )
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.zeros(0, dtype)).dtype
+
+
+def _write_json(path: str, data: dict) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=2)
+    os.replace(tmp, path)

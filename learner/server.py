@@ -1,0 +1,172 @@
+"""The learner's gRPC service: handshakes, step validation, and one stream per actor.
+
+Each actor stream runs in its own gRPC worker thread: it checks the handshake against the
+Problem, allocates the actor's env slots, then for every step decodes and validates the
+message, submits it to the inference batcher and answers with the actions. A message that
+does not match the protocol ends only that actor's stream, with a status naming the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import threading
+import time
+from typing import Callable, Iterator
+
+import grpc
+import numpy as np
+
+from fleetrl import PROTOCOL_VERSION
+from fleetrl.learner.env_state_store import EnvStateStore
+from fleetrl.learner.inference import StepRequest
+from fleetrl.learner.inference_batcher import BatcherStopped, InferenceBatcher
+from fleetrl.learner.metrics import EpisodeWindow, ScalarMeans
+from fleetrl.proto import learner_pb2 as pb
+from fleetrl.proto import learner_pb2_grpc as pb_grpc
+from fleetrl.proto.tensors import Specs, TensorSpec, WireError, decode_all, encode_all, spec_mismatch
+
+
+@dataclasses.dataclass
+class ServedRun:
+    """What the service checks actors against, and where it sends their data."""
+
+    problem: str
+    hparams: dict[str, str]
+    observation_specs: Specs
+    action_specs: Specs
+    store: EnvStateStore
+    batcher: InferenceBatcher
+    episodes: EpisodeWindow
+    scalars: ScalarMeans
+    status: Callable[[], pb.Status]
+    finished: threading.Event
+    finished_reason: Callable[[], str]
+    policy_version: Callable[[], int]
+
+
+class LearnerService(pb_grpc.LearnerServicer):
+    def __init__(self, run: ServedRun):
+        self.run = run
+        self._actors_lock = threading.Lock()
+        self._actors: set[str] = set()
+        self.rejected_messages = 0
+
+    @property
+    def connected_actors(self) -> int:
+        with self._actors_lock:
+            return len(self._actors)
+
+    def GetRunInfo(self, request: pb.RunInfoRequest, context: grpc.ServicerContext) -> pb.RunInfo:
+        return pb.RunInfo(protocol_version=PROTOCOL_VERSION, problem=self.run.problem, hparams=self.run.hparams)
+
+    def GetStatus(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.Status:
+        return self.run.status()
+
+    def Stream(self, request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
+        first = next(request_iterator, None)
+        if first is None:
+            return
+        if first.WhichOneof("kind") != "handshake":
+            self._reject(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         "the first message of a stream must be a handshake, got a step")
+        handshake = first.handshake
+        problem = self._check_handshake(handshake)
+        if problem:
+            self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, problem)
+        with self._actors_lock:
+            if handshake.actor_id in self._actors:
+                self._reject(context, grpc.StatusCode.ALREADY_EXISTS,
+                             f"actor id {handshake.actor_id!r} is already connected; give each actor its own --actor_id")
+            self._actors.add(handshake.actor_id)
+        slots = self.run.store.allocate(handshake.num_envs)
+        try:
+            yield pb.LearnerMessage(accepted=pb.HandshakeAccepted(
+                run_name=self.run.problem, policy_version=self.run.policy_version()))
+            for message in request_iterator:
+                if self.run.finished.is_set():
+                    break
+                if message.WhichOneof("kind") != "step":
+                    self._reject(context, grpc.StatusCode.INVALID_ARGUMENT,
+                                 "handshake repeated: a stream has exactly one handshake, as its first message")
+                try:
+                    request = self._decode_step(message.step, slots, handshake.num_envs)
+                except WireError as e:
+                    self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {handshake.actor_id!r}: {e}")
+                start = time.monotonic()
+                try:
+                    actions = self.run.batcher.submit(request).result()
+                except BatcherStopped:
+                    break
+                self.run.scalars.add("inference/latency_ms", 1000 * (time.monotonic() - start))
+                yield pb.LearnerMessage(actions=pb.Actions(actions=encode_all(actions),
+                                                           policy_version=self.run.policy_version()))
+            if self.run.finished.is_set():
+                yield pb.LearnerMessage(finished=pb.RunFinished(reason=self.run.finished_reason()))
+        finally:
+            self.run.store.release(slots)
+            with self._actors_lock:
+                self._actors.discard(handshake.actor_id)
+
+    def _reject(self, context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+        self.rejected_messages += 1
+        context.abort(code, message)
+
+    def _check_handshake(self, handshake: pb.Handshake) -> str | None:
+        if handshake.protocol_version != PROTOCOL_VERSION:
+            return (f"protocol version {handshake.protocol_version} from the actor, but the learner speaks "
+                    f"{PROTOCOL_VERSION}: run the same fleetrl version on both")
+        if handshake.problem != self.run.problem:
+            return f"the actor runs problem {handshake.problem!r} and the learner serves {self.run.problem!r}"
+        if not handshake.actor_id:
+            return "the handshake has no actor_id"
+        if handshake.num_envs == 0:
+            return "the handshake has num_envs = 0"
+        try:
+            observations = tuple(TensorSpec.from_proto(s) for s in handshake.observation_spec)
+            actions = tuple(TensorSpec.from_proto(s) for s in handshake.action_spec)
+        except WireError as e:
+            return str(e)
+        return (spec_mismatch("observation", self.run.observation_specs, observations)
+                or spec_mismatch("action", self.run.action_specs, actions))
+
+    def _decode_step(self, step: pb.Step, slots: np.ndarray, num_envs: int) -> StepRequest:
+        count = len(step.env_indices)
+        if count == 0:
+            raise WireError("the step has no env_indices")
+        for field in ("run_ids", "rewards", "terminated", "truncated"):
+            if len(getattr(step, field)) != count:
+                raise WireError(f"{field} has {len(getattr(step, field))} entries for {count} env_indices")
+        indices = np.asarray(step.env_indices, np.int64)
+        if indices.max() >= num_envs:
+            raise WireError(f"env index {int(indices.max())} is unknown: the handshake declared {num_envs} envs")
+        if len(np.unique(indices)) != count:
+            raise WireError("env_indices repeats an env")
+        run_ids = np.asarray(step.run_ids, np.uint64)
+        if (run_ids == 0).any():
+            raise WireError("run_ids: 0 is reserved, use a random nonzero id per env")
+        rewards = np.asarray(step.rewards, np.float32)
+        if not np.isfinite(rewards).all():
+            bad = int(indices[~np.isfinite(rewards)][0])
+            raise WireError(f"rewards: env {bad} has a NaN or infinite reward")
+        observation = decode_all(step.observations, self.run.observation_specs, count, "observation")
+        episodes = []
+        for episode in step.finished_episodes:
+            if episode.env_index >= num_envs:
+                raise WireError(f"finished_episodes: env index {episode.env_index} is unknown")
+            if not all(math.isfinite(v) for v in episode.metrics.values()):
+                raise WireError(f"finished_episodes: env {episode.env_index} has a NaN or infinite metric")
+            episodes.append(dict(episode.metrics))
+        self._record_episodes(episodes)
+        return StepRequest(
+            slots=slots[indices], run_ids=run_ids, observation=observation, reward=rewards,
+            terminated=np.asarray(step.terminated, bool), truncated=np.asarray(step.truncated, bool),
+        )
+
+    def _record_episodes(self, episodes: list[dict[str, float]]) -> None:
+        if not episodes:
+            return
+        self.run.episodes.extend(episodes)
+        for episode in episodes:
+            for name, value in episode.items():
+                self.run.scalars.add(f"train/episode_{name}" if name in ("return", "length") else f"train/{name}", value)

@@ -1,0 +1,59 @@
+"""The training batch: B unrolls of T+1 steps, time-major.
+
+Consecutive unrolls of one env overlap by one step: the last step of one is the first of
+the next, so every transition t -> t+1 is trained on exactly once and the last step's
+value bootstraps the unroll.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Mapping
+
+import torch
+from torch.utils import _pytree as pytree
+
+# The per-step fields the learner records, besides observations ("obs/<name>") and
+# actions ("action/<name>").
+STEP_FIELDS: dict[str, torch.dtype] = {
+    "first": torch.bool,
+    "reward": torch.float32,
+    "terminated": torch.bool,
+    "truncated": torch.bool,
+    "behaviour_log_prob": torch.float32,
+    "policy_version": torch.int64,
+}
+
+
+@dataclasses.dataclass
+class UnrollBatch:
+    """Tensors are [T+1, B, ...]; `initial_state` is the agent state before step 0, [B, ...]."""
+
+    observation: dict[str, torch.Tensor]
+    action: dict[str, torch.Tensor]
+    first: torch.Tensor
+    reward: torch.Tensor
+    terminated: torch.Tensor
+    truncated: torch.Tensor
+    behaviour_log_prob: torch.Tensor
+    policy_version: torch.Tensor
+    initial_state: Any
+
+    @property
+    def batch_size(self) -> int:
+        return self.first.shape[1]
+
+    @staticmethod
+    def from_fields(fields: Mapping[str, torch.Tensor], initial_state: Any) -> "UnrollBatch":
+        """From flat, batch-major [B, T+1, ...] fields as the state store emits them."""
+        tm = {k: v.transpose(0, 1) for k, v in fields.items()}
+        return UnrollBatch(
+            observation={k[4:]: v for k, v in tm.items() if k.startswith("obs/")},
+            action={k[7:]: v for k, v in tm.items() if k.startswith("action/")},
+            initial_state=initial_state,
+            **{k: tm[k] for k in STEP_FIELDS},
+        )
+
+    def to(self, device: torch.device | str) -> "UnrollBatch":
+        move = lambda x: x.to(device, non_blocking=True)  # noqa: E731
+        return UnrollBatch(**{f.name: pytree.tree_map(move, getattr(self, f.name)) for f in dataclasses.fields(self)})

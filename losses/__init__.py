@@ -1,0 +1,1 @@
+"""Loss functions and the return estimators they are built on."""

@@ -1,0 +1,46 @@
+"""CartPole-v1 with an MLP agent (and an LSTM variant), trained with V-trace."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import gymnasium as gym
+
+from fleetrl.agents import Agent, LSTMAgent, MLPAgent
+from fleetrl.problems.base import Problem, ProblemConfig
+
+
+@dataclasses.dataclass
+class CartPoleConfig(ProblemConfig):
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    learning_rate: float = 2e-3
+    entropy_cost: float = 0.01
+    discount: float = 0.99
+    max_episode_steps: int = 500
+
+
+class CartPoleProblem(Problem):
+    name = "cartpole"
+    Config = CartPoleConfig
+
+    def make_env(self) -> gym.Env:
+        return gym.make("CartPole-v1", max_episode_steps=self.config.max_episode_steps)
+
+    def make_agent(self) -> Agent:
+        (obs_spec,), action_space = self.observation_specs(), self._spaces[1]
+        return MLPAgent(obs_spec.shape[0], int(action_space.n), self.config.hidden_sizes)
+
+
+@dataclasses.dataclass
+class CartPoleLSTMConfig(CartPoleConfig):
+    hidden_sizes: tuple[int, ...] = (64,)
+    lstm_size: int = 64
+
+
+class CartPoleLSTMProblem(CartPoleProblem):
+    name = "cartpole_lstm"
+    Config = CartPoleLSTMConfig
+
+    def make_agent(self) -> Agent:
+        (obs_spec,), action_space = self.observation_specs(), self._spaces[1]
+        return LSTMAgent(obs_spec.shape[0], int(action_space.n), self.config.hidden_sizes, self.config.lstm_size)

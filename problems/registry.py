@@ -1,0 +1,53 @@
+"""Finds a Problem class by registered name or by `module:Class` import path.
+
+Built-ins are listed by import path, so naming one imports only that Problem's module
+(LIBERO's, say, is heavy). Users never edit this file: they pass
+`--problem=my_pkg.my_module:MyProblem`, or call `register("name", "pkg.mod:Cls")`.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Mapping
+
+from fleetrl.problems.base import Problem
+
+BUILTIN: dict[str, str] = {
+    "cartpole": "fleetrl.problems.cartpole:CartPoleProblem",
+    "cartpole_lstm": "fleetrl.problems.cartpole:CartPoleLSTMProblem",
+}
+_registry: dict[str, str] = dict(BUILTIN)
+
+
+class UnknownProblemError(ValueError):
+    pass
+
+
+def register(name: str, import_path: str) -> None:
+    _registry[name] = import_path
+
+
+def registered_names() -> list[str]:
+    return sorted(_registry)
+
+
+def problem_class(name: str) -> type[Problem]:
+    """The Problem class for a registered name or a `module:Class` path."""
+    path = _registry.get(name, name)
+    if ":" not in path:
+        raise UnknownProblemError(
+            f"unknown problem {name!r}; registered problems: {', '.join(registered_names())}; "
+            f"or pass an import path such as my_pkg.my_module:MyProblem")
+    module_name, _, class_name = path.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise UnknownProblemError(f"problem {name!r}: cannot import module {module_name!r}: {e}") from e
+    cls = getattr(module, class_name, None)
+    if not (isinstance(cls, type) and issubclass(cls, Problem)):
+        raise UnknownProblemError(f"problem {name!r}: {module_name} has no Problem subclass named {class_name!r}")
+    return cls
+
+
+def load_problem(name: str, hparams: Mapping[str, str] | None = None) -> Problem:
+    return problem_class(name).from_hparams(hparams or {})

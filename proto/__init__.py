@@ -1,0 +1,1 @@
+"""The actor-learner wire protocol: generated gRPC code plus tensor and spec codecs."""

@@ -1,0 +1,191 @@
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    DTYPE_UNSPECIFIED: _ClassVar[DType]
+    FLOAT32: _ClassVar[DType]
+    FLOAT64: _ClassVar[DType]
+    FLOAT16: _ClassVar[DType]
+    INT8: _ClassVar[DType]
+    INT16: _ClassVar[DType]
+    INT32: _ClassVar[DType]
+    INT64: _ClassVar[DType]
+    UINT8: _ClassVar[DType]
+    BOOL: _ClassVar[DType]
+DTYPE_UNSPECIFIED: DType
+FLOAT32: DType
+FLOAT64: DType
+FLOAT16: DType
+INT8: DType
+INT16: DType
+INT32: DType
+INT64: DType
+UINT8: DType
+BOOL: DType
+
+class TensorSpec(_message.Message):
+    __slots__ = ("name", "dtype", "shape")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class Tensor(_message.Message):
+    __slots__ = ("name", "dtype", "shape", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DTYPE_FIELD_NUMBER: _ClassVar[int]
+    SHAPE_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    dtype: DType
+    shape: _containers.RepeatedScalarFieldContainer[int]
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class Handshake(_message.Message):
+    __slots__ = ("protocol_version", "problem", "actor_id", "num_envs", "observation_spec", "action_spec")
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_SPEC_FIELD_NUMBER: _ClassVar[int]
+    ACTION_SPEC_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    problem: str
+    actor_id: str
+    num_envs: int
+    observation_spec: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    action_spec: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    def __init__(self, protocol_version: _Optional[int] = ..., problem: _Optional[str] = ..., actor_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., observation_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ...) -> None: ...
+
+class EpisodeStats(_message.Message):
+    __slots__ = ("env_index", "metrics")
+    class MetricsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    ENV_INDEX_FIELD_NUMBER: _ClassVar[int]
+    METRICS_FIELD_NUMBER: _ClassVar[int]
+    env_index: int
+    metrics: _containers.ScalarMap[str, float]
+    def __init__(self, env_index: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+
+class Step(_message.Message):
+    __slots__ = ("env_indices", "run_ids", "observations", "rewards", "terminated", "truncated", "finished_episodes")
+    ENV_INDICES_FIELD_NUMBER: _ClassVar[int]
+    RUN_IDS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
+    REWARDS_FIELD_NUMBER: _ClassVar[int]
+    TERMINATED_FIELD_NUMBER: _ClassVar[int]
+    TRUNCATED_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    env_indices: _containers.RepeatedScalarFieldContainer[int]
+    run_ids: _containers.RepeatedScalarFieldContainer[int]
+    observations: _containers.RepeatedCompositeFieldContainer[Tensor]
+    rewards: _containers.RepeatedScalarFieldContainer[float]
+    terminated: _containers.RepeatedScalarFieldContainer[bool]
+    truncated: _containers.RepeatedScalarFieldContainer[bool]
+    finished_episodes: _containers.RepeatedCompositeFieldContainer[EpisodeStats]
+    def __init__(self, env_indices: _Optional[_Iterable[int]] = ..., run_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., rewards: _Optional[_Iterable[float]] = ..., terminated: _Optional[_Iterable[bool]] = ..., truncated: _Optional[_Iterable[bool]] = ..., finished_episodes: _Optional[_Iterable[_Union[EpisodeStats, _Mapping]]] = ...) -> None: ...
+
+class ActorMessage(_message.Message):
+    __slots__ = ("handshake", "step")
+    HANDSHAKE_FIELD_NUMBER: _ClassVar[int]
+    STEP_FIELD_NUMBER: _ClassVar[int]
+    handshake: Handshake
+    step: Step
+    def __init__(self, handshake: _Optional[_Union[Handshake, _Mapping]] = ..., step: _Optional[_Union[Step, _Mapping]] = ...) -> None: ...
+
+class HandshakeAccepted(_message.Message):
+    __slots__ = ("run_name", "policy_version")
+    RUN_NAME_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    run_name: str
+    policy_version: int
+    def __init__(self, run_name: _Optional[str] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class Actions(_message.Message):
+    __slots__ = ("actions", "policy_version")
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    actions: _containers.RepeatedCompositeFieldContainer[Tensor]
+    policy_version: int
+    def __init__(self, actions: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., policy_version: _Optional[int] = ...) -> None: ...
+
+class RunFinished(_message.Message):
+    __slots__ = ("reason",)
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    reason: str
+    def __init__(self, reason: _Optional[str] = ...) -> None: ...
+
+class LearnerMessage(_message.Message):
+    __slots__ = ("accepted", "actions", "finished")
+    ACCEPTED_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    accepted: HandshakeAccepted
+    actions: Actions
+    finished: RunFinished
+    def __init__(self, accepted: _Optional[_Union[HandshakeAccepted, _Mapping]] = ..., actions: _Optional[_Union[Actions, _Mapping]] = ..., finished: _Optional[_Union[RunFinished, _Mapping]] = ...) -> None: ...
+
+class RunInfoRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class RunInfo(_message.Message):
+    __slots__ = ("protocol_version", "problem", "hparams")
+    class HparamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
+    PROBLEM_FIELD_NUMBER: _ClassVar[int]
+    HPARAMS_FIELD_NUMBER: _ClassVar[int]
+    protocol_version: int
+    problem: str
+    hparams: _containers.ScalarMap[str, str]
+    def __init__(self, protocol_version: _Optional[int] = ..., problem: _Optional[str] = ..., hparams: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class StatusRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class Status(_message.Message):
+    __slots__ = ("env_steps", "env_steps_per_s", "episodes", "mean_episode_return", "policy_lag", "trainer_steps", "connected_actors", "finished", "finished_reason", "uptime_s")
+    ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
+    ENV_STEPS_PER_S_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    MEAN_EPISODE_RETURN_FIELD_NUMBER: _ClassVar[int]
+    POLICY_LAG_FIELD_NUMBER: _ClassVar[int]
+    TRAINER_STEPS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTED_ACTORS_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_REASON_FIELD_NUMBER: _ClassVar[int]
+    UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    env_steps: int
+    env_steps_per_s: float
+    episodes: int
+    mean_episode_return: float
+    policy_lag: float
+    trainer_steps: int
+    connected_actors: int
+    finished: bool
+    finished_reason: str
+    uptime_s: float
+    def __init__(self, env_steps: _Optional[int] = ..., env_steps_per_s: _Optional[float] = ..., episodes: _Optional[int] = ..., mean_episode_return: _Optional[float] = ..., policy_lag: _Optional[float] = ..., trainer_steps: _Optional[int] = ..., connected_actors: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_reason: _Optional[str] = ..., uptime_s: _Optional[float] = ...) -> None: ...
