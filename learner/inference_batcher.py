@@ -4,6 +4,10 @@ Each actor stream thread submits its request and waits on a Future. One batching
 takes requests off a queue until their envs add up to `max_batch_size` or `timeout_s` has
 passed since the first one arrived, then calls `handler` once for all of them. So a slow or
 vanished actor delays the others by at most the timeout, and never blocks them.
+
+`max_batch_size` may be a callable, read at each batch: the learner passes the smaller of
+its configured size and the number of connected envs, so a batch that already holds every
+connected env flushes at once instead of waiting out the timeout.
 """
 
 from __future__ import annotations
@@ -23,10 +27,10 @@ class BatcherStopped(RuntimeError):
 
 class InferenceBatcher(Generic[Request]):
     def __init__(self, handler: Callable[[Sequence[Request]], Sequence[Any]], size_of: Callable[[Request], int],
-                 max_batch_size: int, timeout_s: float):
+                 max_batch_size: int | Callable[[], int], timeout_s: float):
         self._handler = handler
         self._size_of = size_of
-        self.max_batch_size = max_batch_size
+        self._max_batch_size = max_batch_size if callable(max_batch_size) else (lambda: max_batch_size)
         self.timeout_s = timeout_s
         self._queue: queue.SimpleQueue[tuple[Request, Future]] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -60,7 +64,8 @@ class InferenceBatcher(Generic[Request]):
             return []
         size = self._size_of(batch[0][0])
         deadline = time.monotonic() + self.timeout_s
-        while size < self.max_batch_size:
+        limit = self._max_batch_size()
+        while size < limit:
             remaining = deadline - time.monotonic()
             try:
                 item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()

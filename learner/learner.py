@@ -78,8 +78,9 @@ class Learner:
 
         self.unrolls = UnrollQueue(config.unroll_queue_size, self.stop)
         self.inference = InferenceStep(self.problem, self.agent, self.policy, self.store, self.unrolls.put, self.device)
-        self.batcher = InferenceBatcher(self.inference, len, config.inference_batch_size,
-                                        config.inference_timeout_ms / 1000)
+        self.batcher = InferenceBatcher(
+            self.inference, len, lambda: max(1, min(config.inference_batch_size, self.store.num_allocated)),
+            config.inference_timeout_ms / 1000)
         self.trainer = Trainer(self.problem, self.agent, self.optimizer, self.policy, self.device)
         self.episodes = EpisodeWindow(config.return_window)
         self.scalars = ScalarMeans()

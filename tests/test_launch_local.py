@@ -1,0 +1,183 @@
+"""`fleetrl.launch.local` end to end, in real processes: learning, user Problems, crashes, Ctrl-C.
+
+Every launcher started here carries a unique environment tag that its children inherit,
+so the tests can check that no process of the run is left behind.
+"""
+
+import json
+import math
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from conftest import REPO_ROOT
+
+
+def processes_tagged(tag: str) -> list[int]:
+    found = []
+    for proc in pathlib.Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if f"FLEETRL_TEST_TAG={tag}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except OSError:
+                pass
+    return found
+
+
+def start_local(logdir, *flags, pythonpath=None, cwd=None):
+    tag = uuid.uuid4().hex
+    env = {**os.environ, "FLEETRL_TEST_TAG": tag, "PYTHONUNBUFFERED": "1"}
+    if pythonpath:
+        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")])
+    process = subprocess.Popen(
+        [sys.executable, "-m", "fleetrl.launch.local", f"--logdir={logdir}", "--progress_interval_s=0.5", *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd or REPO_ROOT)
+    return process, tag
+
+
+def finish(process, tag, timeout=600):
+    output, _ = process.communicate(timeout=timeout)
+    deadline = time.monotonic() + 10
+    while processes_tagged(tag) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_tagged(tag) == [], f"processes left behind:\n{output}"
+    return process.returncode, output
+
+
+def read_scalars(logdir) -> dict[str, list[float]]:
+    events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    events.Reload()
+    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+@pytest.mark.slow
+def test_cartpole_learns_and_writes_summaries(tmp_path):
+    """V-trace through the whole system, for real: a random policy averages about 22."""
+    process, tag = start_local(tmp_path, "--problem=cartpole", "--num_actors=2", "--envs_per_actor=16", "--seed=1",
+                               "--total_env_steps=500000", "--target_mean_return=250", "--summary_interval_s=1")
+    code, output = finish(process, tag)
+    assert code == 0, output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["target_reached"] and summary["mean_episode_return"] >= 250, output
+    assert "tensorboard --logdir" in output and "env steps" in output
+
+    scalars = read_scalars(tmp_path)
+    for name in ["loss/total", "loss/policy", "loss/baseline", "loss/entropy", "policy/entropy",
+                 "optim/learning_rate", "optim/grad_norm", "throughput/env_steps_per_s",
+                 "throughput/learner_steps_per_s", "inference/mean_batch_size", "inference/latency_ms",
+                 "learner/unroll_queue_size", "learner/policy_lag", "learner/connected_actors",
+                 "train/episode_return", "train/episode_length"]:
+        assert scalars.get(name), f"no summary {name}; have {sorted(scalars)}"
+        assert all(math.isfinite(v) for v in scalars[name]), name
+    assert max(scalars["learner/connected_actors"]) == 2
+    assert max(scalars["train/episode_return"]) > 100
+    assert 1 <= max(scalars["inference/mean_batch_size"]) <= 32
+
+
+USER_PROBLEM = '''
+"""A user's Problem, outside fleetrl: say which side of zero the observation is on."""
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+
+from fleetrl.agents import MLPAgent
+from fleetrl.problems import Problem, ProblemConfig
+
+
+class SignEnv(gym.Env):
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, crash_after=0):
+        self.crash_after, self.steps_taken = crash_after, 0
+
+    def _observe(self):
+        self.x = self.np_random.choice([-1.0, 1.0])
+        return np.array([self.x], np.float32)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.t, self.correct = 0, 0
+        return self._observe(), {}
+
+    def step(self, action):
+        self.steps_taken += 1
+        if self.crash_after and self.steps_taken > self.crash_after:
+            raise RuntimeError("the simulator crashed")
+        right = int(action) == int(self.x > 0)
+        self.t, self.correct = self.t + 1, self.correct + right
+        return self._observe(), float(right), self.t >= 10, False, {"correct": self.correct}
+
+
+@dataclasses.dataclass
+class SignConfig(ProblemConfig):
+    crash_after: int = 0
+
+
+class SignProblem(Problem):
+    name = "sign"
+    Config = SignConfig
+
+    def make_env(self):
+        return SignEnv(self.config.crash_after)
+
+    def make_agent(self):
+        return MLPAgent(1, 2, (16,))
+
+    def episode_metrics(self, final_info):
+        return {"accuracy": final_info["correct"] / 10}
+'''
+
+
+@pytest.fixture
+def user_package(tmp_path):
+    package = tmp_path / "user_code"
+    (package / "my_pkg").mkdir(parents=True)
+    (package / "my_pkg" / "__init__.py").write_text("")
+    (package / "my_pkg" / "sign.py").write_text(textwrap.dedent(USER_PROBLEM))
+    return package
+
+
+def test_a_user_problem_trains_by_import_path(tmp_path, user_package):
+    logdir = tmp_path / "run"
+    process, tag = start_local(logdir, "--problem=my_pkg.sign:SignProblem", "--num_actors=2", "--envs_per_actor=8",
+                               "--total_env_steps=60000", "--target_mean_return=9.5", "--unroll_length=10",
+                               "--summary_interval_s=1", pythonpath=user_package, cwd=tmp_path)
+    code, output = finish(process, tag, timeout=300)
+    assert code == 0, output
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["target_reached"], output  # random play scores 5 of 10
+    accuracy = read_scalars(logdir)["train/accuracy"]  # the Problem's own metric reaches TensorBoard
+    assert accuracy and max(accuracy) > 0.9
+
+
+def test_a_crashing_actor_stops_the_run_and_leaves_no_process(tmp_path, user_package):
+    logdir = tmp_path / "run"
+    process, tag = start_local(logdir, "--problem=my_pkg.sign:SignProblem", "--hparams=crash_after=300",
+                               "--num_actors=2", "--envs_per_actor=4", pythonpath=user_package, cwd=tmp_path)
+    code, output = finish(process, tag, timeout=300)
+    assert code == 1
+    assert "actor-" in output and "exited with code" in output and "the simulator crashed" in output
+
+
+def test_ctrl_c_stops_everything_cleanly(tmp_path):
+    process, tag = start_local(tmp_path, "--problem=cartpole", "--num_actors=2", "--envs_per_actor=4")
+    deadline = time.monotonic() + 120
+    while not (tmp_path / "learner_address").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(3)  # let the actors connect and train a little
+    process.send_signal(signal.SIGINT)
+    code, output = finish(process, tag, timeout=120)
+    assert code == 0, output
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["reason"] == "stopped by SIGTERM" and summary["env_steps"] > 0, output
