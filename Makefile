@@ -4,7 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.fleetrl-installed
-LOGDIR ?= runs/cartpole
+LOGDIR ?=
 RUN_FLAGS ?=
 
 .PHONY: run test install proto bench clean
@@ -22,7 +22,7 @@ $(STAMP): $(PY) pyproject.toml
 	touch $(STAMP)
 
 run: install
-	$(PY) -m fleetrl.launch.local --problem=cartpole --logdir=$(LOGDIR) \
+	$(PY) -m fleetrl.launch.local --problem=cartpole $(if $(LOGDIR),--logdir=$(LOGDIR)) \
 	    --num_actors=2 --envs_per_actor=32 --total_env_steps=1000000 \
 	    --target_mean_return=475 $(RUN_FLAGS)
 

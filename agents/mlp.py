@@ -19,19 +19,27 @@ def mlp(input_size: int, hidden_sizes: Sequence[int]) -> nn.Sequential:
 
 
 class MLPAgent(Agent):
-    """Torso: an MLP on one flat observation. Neck: none. Head: policy logits and a baseline."""
+    """Torso: an MLP on one flat observation. Neck: none. Head: policy logits and a baseline.
+
+    With `shared_torso=False` the baseline has an MLP of its own, so the large value-loss
+    gradients of long episodes do not disturb the policy's features.
+    """
 
     def __init__(self, observation_size: int, num_actions: int, hidden_sizes: Sequence[int] = (64, 64),
-                 observation_key: str = "observation"):
+                 observation_key: str = "observation", shared_torso: bool = True):
         super().__init__()
         self.observation_key = observation_key
         self.body = mlp(observation_size, hidden_sizes)
+        self.value_body = None if shared_torso else mlp(observation_size, hidden_sizes)
         self.policy = nn.Linear(hidden_sizes[-1], num_actions)
         self.baseline = nn.Linear(hidden_sizes[-1], 1)
 
-    def torso(self, observation: Observation) -> torch.Tensor:
+    def torso(self, observation: Observation) -> tuple[torch.Tensor, torch.Tensor]:
         x = observation[self.observation_key]
-        return self.body(x.reshape(x.shape[0], -1).float())
+        x = x.reshape(x.shape[0], -1).float()
+        features = self.body(x)
+        return features, features if self.value_body is None else self.value_body(x)
 
-    def head(self, neck_output: torch.Tensor) -> AgentOutput:
-        return {"policy_logits": self.policy(neck_output), "baseline": self.baseline(neck_output).squeeze(-1)}
+    def head(self, neck_output: tuple[torch.Tensor, torch.Tensor]) -> AgentOutput:
+        policy_features, value_features = neck_output
+        return {"policy_logits": self.policy(policy_features), "baseline": self.baseline(value_features).squeeze(-1)}

@@ -32,6 +32,7 @@ HELP = {
     "summary_interval_s": "Seconds between TensorBoard writes.",
     "torch_threads": "torch intra-op threads (torch.set_num_threads). 1 is fastest for small models on few cores.",
     "max_actors": "Actor streams served at once (one gRPC thread each).",
+    "max_envs_per_actor": "Largest num_envs an actor's handshake may ask for.",
     "max_message_mb": "Largest gRPC message accepted, in MiB.",
     "device": "Torch device of the model: cpu, cuda, cuda:1, ...",
     "seed": "Random seed.",

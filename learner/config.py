@@ -32,6 +32,8 @@ class LearnerConfig:
     torch_threads: int = 1
     # Concurrent actor streams served (one gRPC worker thread each).
     max_actors: int = 64
+    # A handshake asking for more envs is refused: each env holds a partial unroll.
+    max_envs_per_actor: int = 1024
     max_message_mb: int = 64
     device: str = "cpu"
     seed: int = 0

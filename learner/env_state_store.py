@@ -22,6 +22,8 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
+from fleetrl.learner.tensor_tree import expand_mask
+
 FieldSpecs = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
 Unroll = tuple[dict[str, torch.Tensor], Any]  # fields [k, T+1, ...], initial state [k, ...]
 
@@ -80,7 +82,7 @@ class EnvStateStore:
             first = torch.from_numpy(new_run | self._ended[slots])
             index = torch.from_numpy(slots)
             state = pytree.tree_map(lambda s: s[index], self._state)
-            prev_action = {k: torch.where(_expand(first, v[index]), 0, v[index]) for k, v in self._prev_action.items()}
+            prev_action = {k: torch.where(expand_mask(first, v[index]), 0, v[index]) for k, v in self._prev_action.items()}
             return first, state, prev_action
 
     def end_step(self, slots: np.ndarray, step: Mapping[str, torch.Tensor], state_before: Any,
@@ -149,6 +151,3 @@ class EnvStateStore:
         self._free.extend(range(self._capacity, capacity))
         self._capacity = capacity
 
-
-def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return mask.reshape(mask.shape + (1,) * (like.dim() - 1))

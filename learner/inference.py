@@ -16,6 +16,7 @@ import torch
 
 from fleetrl.agents.base import Agent
 from fleetrl.learner.env_state_store import EnvStateStore, Unroll
+from fleetrl.learner.tensor_tree import tree_to
 from fleetrl.problems.base import Problem
 
 
@@ -29,7 +30,6 @@ class StepRequest:
     reward: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
-    deterministic: bool = False
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -63,30 +63,29 @@ class InferenceStep:
         obs = {k: torch.from_numpy(np.concatenate([r.observation[k] for r in requests])) for k in requests[0].observation}
         first, state, prev_action = self.store.begin_step(slots, run_ids)
         obs.update({f"prev_action/{k}": v for k, v in prev_action.items()})
-        deterministic = torch.tensor(np.repeat([r.deterministic for r in requests], [len(r) for r in requests]))
+        device_obs = tree_to(obs, self.device)
 
         with self.policy.lock:
             version = self.policy.version
-            out, new_state = self.agent.step(_to(obs, self.device), first.to(self.device), _to(state, self.device))
-            sampled = self.problem.select_actor_action(out, obs, deterministic=False)
-            if deterministic.any():
-                greedy = self.problem.select_actor_action(out, obs, deterministic=True)
-                sampled = {k: torch.where(_expand(deterministic, v), greedy[k], v) for k, v in sampled.items()}
-            log_prob = self.problem.action_log_prob(out, sampled)
-        actions = _to(sampled, "cpu")
+            out, new_state = self.agent.step(device_obs, first.to(self.device), tree_to(state, self.device))
+            selected = self.problem.select_actor_action(out, device_obs)
+            log_prob = self.problem.action_log_prob(out, selected)
+        actions = tree_to(selected, "cpu")
 
-        ended = np.concatenate([r.terminated | r.truncated for r in requests])
+        terminated = np.concatenate([r.terminated for r in requests])
+        truncated = np.concatenate([r.truncated for r in requests])
         step = {f"obs/{k}": v for k, v in obs.items()}
         step.update({f"action/{k}": v for k, v in actions.items()})
         step.update(
             first=first,
             reward=torch.from_numpy(np.concatenate([r.reward for r in requests])),
-            terminated=torch.from_numpy(np.concatenate([r.terminated for r in requests])),
-            truncated=torch.from_numpy(np.concatenate([r.truncated for r in requests])),
+            terminated=torch.from_numpy(terminated),
+            truncated=torch.from_numpy(truncated),
             behaviour_log_prob=log_prob.cpu(),
             policy_version=torch.full((len(slots),), version, dtype=torch.int64),
         )
-        for unroll in self.store.end_step(slots, step, state, _to(new_state, "cpu"), actions, ended):
+        ended = terminated | truncated
+        for unroll in self.store.end_step(slots, step, state, tree_to(new_state, "cpu"), actions, ended):
             if not self.emit_unroll(unroll):
                 break
 
@@ -97,11 +96,3 @@ class InferenceStep:
         numpy_actions = {k: v.numpy() for k, v in actions.items()}
         return [{k: v[a:b] for k, v in numpy_actions.items()} for a, b in zip(bounds[:-1], bounds[1:])]
 
-
-def _to(tree, device):
-    from torch.utils import _pytree as pytree
-    return pytree.tree_map(lambda x: x.to(device), tree)
-
-
-def _expand(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
-    return mask.reshape(mask.shape + (1,) * (like.dim() - 1))

@@ -56,7 +56,6 @@ class Learner:
         torch.manual_seed(config.seed)
         self.device = torch.device(config.device)
         self.problem = problem or load_problem(config.problem, config.hparams)
-        obs_specs, action_specs = self.problem.observation_specs(), self.problem.action_specs()
 
         self.agent = self.problem.make_agent().to(self.device)
         self.optimizer = self.problem.make_optimizer(self.agent.parameters())
@@ -64,17 +63,7 @@ class Learner:
         self.stop = threading.Event()
         self._reason = ""
 
-        obs_fields = {s.name: (_torch_dtype(s.dtype), s.shape) for s in obs_specs}
-        action_fields = {s.name: (_torch_dtype(s.dtype), s.shape) for s in action_specs}
-        obs_fields.update({f"prev_action/{k}": v for k, v in action_fields.items()})
-        example = {k: torch.zeros((1, *shape), dtype=dtype) for k, (dtype, shape) in obs_fields.items()}
-        with torch.no_grad():
-            state_template = pytree.tree_map(
-                lambda x: x.cpu(), self.agent.initial_state({k: v.to(self.device) for k, v in example.items()}))
-        step_fields = {f"obs/{k}": v for k, v in obs_fields.items()}
-        step_fields.update({f"action/{k}": v for k, v in action_fields.items()})
-        step_fields.update({k: (dtype, ()) for k, dtype in STEP_FIELDS.items()})
-        self.store = EnvStateStore(config.unroll_length, step_fields, action_fields, state_template)
+        self.store = build_state_store(self.problem, self.agent, config.unroll_length, self.device)
 
         self.unrolls = UnrollQueue(config.unroll_queue_size, self.stop)
         self.inference = InferenceStep(self.problem, self.agent, self.policy, self.store, self.unrolls.put, self.device)
@@ -86,12 +75,14 @@ class Learner:
         self.scalars = ScalarMeans()
         self._env_rate = RateMeter()
         self._started = time.monotonic()
+        # (time, env steps, trainer steps, inference batches, envs inferred) at the last summary write
+        self._last_counts = (self._started, 0, 0, 0, 0)
 
         self.service = LearnerService(ServedRun(
-            problem=config.problem, hparams=dict(config.hparams), observation_specs=obs_specs,
-            action_specs=action_specs, store=self.store, batcher=self.batcher, episodes=self.episodes,
+            problem=config.problem, hparams=dict(config.hparams),
+            observation_specs=self.problem.observation_specs(), action_specs=self.problem.action_specs(), store=self.store, batcher=self.batcher, episodes=self.episodes,
             scalars=self.scalars, status=self.status, finished=self.stop, finished_reason=lambda: self._reason,
-            policy_version=lambda: self.policy.version,
+            policy_version=lambda: self.policy.version, max_envs_per_actor=config.max_envs_per_actor,
         ))
         message_bytes = config.max_message_mb * 1024 * 1024
         self.server = grpc.server(
@@ -160,15 +151,13 @@ class Learner:
 
     # ----- observability -----
 
-    _last_counts = (0.0, 0, 0, 0, 0)
-
     def _write_summaries(self, writer: SummaryWriter) -> None:
         now = time.monotonic()
         t0, steps0, train0, batches0, envs0 = self._last_counts
         steps, train = self.inference.env_steps, self.trainer.steps
         batches, envs = self.inference.batches, self.inference.batch_envs
         self._last_counts = (now, steps, train, batches, envs)
-        elapsed = max(now - t0, 1e-9) if t0 else max(now - self._started, 1e-9)
+        elapsed = max(now - t0, 1e-9)
         scalars = self.scalars.drain()
         scalars.update({
             "throughput/env_steps_per_s": (steps - steps0) / elapsed,
@@ -193,6 +182,7 @@ class Learner:
             mean_episode_return=self.episodes.mean("return"), policy_lag=self.trainer.last_policy_lag,
             trainer_steps=self.trainer.steps, connected_actors=self.service.connected_actors,
             finished=self.stop.is_set(), finished_reason=self._reason, uptime_s=time.monotonic() - self._started,
+            mean_inference_batch_size=self.inference.batch_envs / max(self.inference.batches, 1),
         )
 
     def summary(self) -> RunSummary:
@@ -204,6 +194,21 @@ class Learner:
             wall_s=time.monotonic() - self._started,
             target_reached=None if target is None else self._reason.startswith("target reached"),
         )
+
+
+def build_state_store(problem: Problem, agent: torch.nn.Module, unroll_length: int,
+                      device: torch.device) -> EnvStateStore:
+    """The state store for `problem`'s observations and actions and `agent`'s recurrent state."""
+    obs_fields = {s.name: (_torch_dtype(s.dtype), s.shape) for s in problem.observation_specs()}
+    action_fields = {s.name: (_torch_dtype(s.dtype), s.shape) for s in problem.action_specs()}
+    obs_fields.update({f"prev_action/{k}": v for k, v in action_fields.items()})
+    example = {k: torch.zeros((1, *shape), dtype=dtype, device=device) for k, (dtype, shape) in obs_fields.items()}
+    with torch.no_grad():
+        state_template = pytree.tree_map(lambda x: x.cpu(), agent.initial_state(example))
+    step_fields = {f"obs/{k}": v for k, v in obs_fields.items()}
+    step_fields.update({f"action/{k}": v for k, v in action_fields.items()})
+    step_fields.update({k: (dtype, ()) for k, dtype in STEP_FIELDS.items()})
+    return EnvStateStore(unroll_length, step_fields, action_fields, state_template)
 
 
 def _torch_dtype(dtype: np.dtype) -> torch.dtype:

@@ -43,6 +43,7 @@ class ServedRun:
     finished: threading.Event
     finished_reason: Callable[[], str]
     policy_version: Callable[[], int]
+    max_envs_per_actor: int
 
 
 class LearnerService(pb_grpc.LearnerServicer):
@@ -50,7 +51,8 @@ class LearnerService(pb_grpc.LearnerServicer):
         self.run = run
         self._actors_lock = threading.Lock()
         self._actors: set[str] = set()
-        self.rejected_messages = 0
+        self._rejected_lock = threading.Lock()
+        self._rejected = 0
 
     @property
     def connected_actors(self) -> int:
@@ -75,10 +77,11 @@ class LearnerService(pb_grpc.LearnerServicer):
         if problem:
             self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, problem)
         with self._actors_lock:
-            if handshake.actor_id in self._actors:
-                self._reject(context, grpc.StatusCode.ALREADY_EXISTS,
-                             f"actor id {handshake.actor_id!r} is already connected; give each actor its own --actor_id")
+            duplicate = handshake.actor_id in self._actors
             self._actors.add(handshake.actor_id)
+        if duplicate:
+            self._reject(context, grpc.StatusCode.ALREADY_EXISTS,
+                         f"actor id {handshake.actor_id!r} is already connected; give each actor its own --actor_id")
         slots = self.run.store.allocate(handshake.num_envs)
         try:
             yield pb.LearnerMessage(accepted=pb.HandshakeAccepted(
@@ -90,9 +93,10 @@ class LearnerService(pb_grpc.LearnerServicer):
                     self._reject(context, grpc.StatusCode.INVALID_ARGUMENT,
                                  "handshake repeated: a stream has exactly one handshake, as its first message")
                 try:
-                    request = self._decode_step(message.step, slots, handshake.num_envs)
+                    request, episodes = self._decode_step(message.step, slots, handshake.num_envs)
                 except WireError as e:
                     self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {handshake.actor_id!r}: {e}")
+                self._record_episodes(episodes)
                 start = time.monotonic()
                 try:
                     actions = self.run.batcher.submit(request).result()
@@ -108,8 +112,14 @@ class LearnerService(pb_grpc.LearnerServicer):
             with self._actors_lock:
                 self._actors.discard(handshake.actor_id)
 
+    @property
+    def rejected_messages(self) -> int:
+        with self._rejected_lock:
+            return self._rejected
+
     def _reject(self, context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> None:
-        self.rejected_messages += 1
+        with self._rejected_lock:
+            self._rejected += 1
         context.abort(code, message)
 
     def _check_handshake(self, handshake: pb.Handshake) -> str | None:
@@ -120,8 +130,9 @@ class LearnerService(pb_grpc.LearnerServicer):
             return f"the actor runs problem {handshake.problem!r} and the learner serves {self.run.problem!r}"
         if not handshake.actor_id:
             return "the handshake has no actor_id"
-        if handshake.num_envs == 0:
-            return "the handshake has num_envs = 0"
+        if not 0 < handshake.num_envs <= self.run.max_envs_per_actor:
+            return (f"the handshake has num_envs = {handshake.num_envs}; this learner takes 1 to "
+                    f"{self.run.max_envs_per_actor} envs per actor (--max_envs_per_actor)")
         try:
             observations = tuple(TensorSpec.from_proto(s) for s in handshake.observation_spec)
             actions = tuple(TensorSpec.from_proto(s) for s in handshake.action_spec)
@@ -130,7 +141,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         return (spec_mismatch("observation", self.run.observation_specs, observations)
                 or spec_mismatch("action", self.run.action_specs, actions))
 
-    def _decode_step(self, step: pb.Step, slots: np.ndarray, num_envs: int) -> StepRequest:
+    def _decode_step(self, step: pb.Step, slots: np.ndarray, num_envs: int) -> tuple[StepRequest, list[dict[str, float]]]:
         count = len(step.env_indices)
         if count == 0:
             raise WireError("the step has no env_indices")
@@ -157,11 +168,11 @@ class LearnerService(pb_grpc.LearnerServicer):
             if not all(math.isfinite(v) for v in episode.metrics.values()):
                 raise WireError(f"finished_episodes: env {episode.env_index} has a NaN or infinite metric")
             episodes.append(dict(episode.metrics))
-        self._record_episodes(episodes)
-        return StepRequest(
+        request = StepRequest(
             slots=slots[indices], run_ids=run_ids, observation=observation, reward=rewards,
             terminated=np.asarray(step.terminated, bool), truncated=np.asarray(step.truncated, bool),
         )
+        return request, episodes
 
     def _record_episodes(self, episodes: list[dict[str, float]]) -> None:
         if not episodes:

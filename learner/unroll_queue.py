@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 from torch.utils import _pytree as pytree
@@ -46,6 +46,11 @@ class UnrollQueue:
                 unrolls.append(self._queue.get(timeout=0.1))
             except queue.Empty:
                 continue
-        fields = {k: torch.stack([u[0][k] for u in unrolls]) for k in unrolls[0][0]}
-        state: Any = pytree.tree_map(lambda *xs: torch.cat(xs), *[u[1] for u in unrolls])
-        return UnrollBatch.from_fields(fields, state)
+        return collate(unrolls)
+
+
+def collate(unrolls: Sequence[Unroll]) -> UnrollBatch:
+    """Stacks unrolls into one time-major batch."""
+    fields = {k: torch.stack([u[0][k] for u in unrolls]) for k in unrolls[0][0]}
+    state: Any = pytree.tree_map(lambda *xs: torch.cat(xs), *[u[1] for u in unrolls])
+    return UnrollBatch.from_fields(fields, state)

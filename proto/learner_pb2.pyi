@@ -167,7 +167,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("env_steps", "env_steps_per_s", "episodes", "mean_episode_return", "policy_lag", "trainer_steps", "connected_actors", "finished", "finished_reason", "uptime_s")
+    __slots__ = ("env_steps", "env_steps_per_s", "episodes", "mean_episode_return", "policy_lag", "trainer_steps", "connected_actors", "finished", "finished_reason", "uptime_s", "mean_inference_batch_size")
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_PER_S_FIELD_NUMBER: _ClassVar[int]
     EPISODES_FIELD_NUMBER: _ClassVar[int]
@@ -178,6 +178,7 @@ class Status(_message.Message):
     FINISHED_FIELD_NUMBER: _ClassVar[int]
     FINISHED_REASON_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
+    MEAN_INFERENCE_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
     env_steps: int
     env_steps_per_s: float
     episodes: int
@@ -188,4 +189,5 @@ class Status(_message.Message):
     finished: bool
     finished_reason: str
     uptime_s: float
-    def __init__(self, env_steps: _Optional[int] = ..., env_steps_per_s: _Optional[float] = ..., episodes: _Optional[int] = ..., mean_episode_return: _Optional[float] = ..., policy_lag: _Optional[float] = ..., trainer_steps: _Optional[int] = ..., connected_actors: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_reason: _Optional[str] = ..., uptime_s: _Optional[float] = ...) -> None: ...
+    mean_inference_batch_size: float
+    def __init__(self, env_steps: _Optional[int] = ..., env_steps_per_s: _Optional[float] = ..., episodes: _Optional[int] = ..., mean_episode_return: _Optional[float] = ..., policy_lag: _Optional[float] = ..., trainer_steps: _Optional[int] = ..., connected_actors: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_reason: _Optional[str] = ..., uptime_s: _Optional[float] = ..., mean_inference_batch_size: _Optional[float] = ...) -> None: ...

@@ -53,6 +53,7 @@ def test_a_handshake_then_steps_get_actions(learner):
      "the observation 'observation' has shape [5] where the learner expects [4]"),
     (handshake(obs_dtype=np.float64), grpc.StatusCode.FAILED_PRECONDITION, "has dtype float64"),
     (cartpole_step(), grpc.StatusCode.INVALID_ARGUMENT, "the first message of a stream must be a handshake"),
+    (handshake(num_envs=5000), grpc.StatusCode.FAILED_PRECONDITION, "num_envs = 5000"),
 ])
 def test_bad_handshakes_are_refused_with_the_mismatch_named(learner, message, code, text):
     got_code, details = rejection(learner, message)
