@@ -101,7 +101,7 @@ def in_process() -> tuple[float, int]:
                                             terminated, truncated)])
         obs, reward, terminated, truncated, _ = envs.step(actions["action"])
         while len(unrolls) >= FLAGS.batch_size:
-            trainer.step(collate(unrolls[:FLAGS.batch_size]))
+            trainer.update(collate(unrolls[:FLAGS.batch_size]))
             del unrolls[:FLAGS.batch_size]
 
 

@@ -29,6 +29,7 @@ HELP = {
     "total_env_steps": "Stop after this many env steps (transitions); 0 for no limit.",
     "target_mean_return": "Stop once the mean return of the last return_window episodes reaches this.",
     "return_window": "Episodes in the recent-return window.",
+    "block_inference_on_training": "Hold inference while the trainer updates, for on-policy training (PPO).",
     "summary_interval_s": "Seconds between TensorBoard writes.",
     "torch_threads": "torch intra-op threads (torch.set_num_threads). 1 is fastest for small models on few cores.",
     "max_actors": "Actor streams served at once (one gRPC thread each).",

@@ -26,6 +26,9 @@ class LearnerConfig:
     # Stop once the mean return of the last `return_window` episodes reaches this.
     target_mean_return: float | None = None
     return_window: int = 100
+    # Hold inference while the trainer updates (SEED RL's block_inference_on_training):
+    # with it, PPO trains on data at most one update behind.
+    block_inference_on_training: bool = False
     summary_interval_s: float = 5.0
     # Threads for torch ops in each of the inference and training threads. One is fastest
     # for small models on small machines; raise it for big models on many cores.

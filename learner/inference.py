@@ -39,7 +39,8 @@ class PolicyVersion:
     """The model's version, and the lock that keeps inference from reading a half-updated model."""
 
     def __init__(self):
-        self.lock = threading.Lock()
+        # Reentrant: a blocking trainer holds it across an update whose steps take it again.
+        self.lock = threading.RLock()
         self.version = 0
 
 
@@ -82,6 +83,7 @@ class InferenceStep:
             terminated=torch.from_numpy(terminated),
             truncated=torch.from_numpy(truncated),
             behaviour_log_prob=log_prob.cpu(),
+            behaviour_value=out["baseline"].cpu() if "baseline" in out else torch.zeros(len(slots)),
             policy_version=torch.full((len(slots),), version, dtype=torch.int64),
         )
         ended = terminated | truncated

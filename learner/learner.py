@@ -70,7 +70,8 @@ class Learner:
         self.batcher = InferenceBatcher(
             self.inference, len, lambda: max(1, min(config.inference_batch_size, self.store.num_allocated)),
             config.inference_timeout_ms / 1000)
-        self.trainer = Trainer(self.problem, self.agent, self.optimizer, self.policy, self.device)
+        self.trainer = Trainer(self.problem, self.agent, self.optimizer, self.policy, self.device,
+                               config.block_inference_on_training, config.seed)
         self.episodes = EpisodeWindow(config.return_window)
         self.scalars = ScalarMeans()
         self._env_rate = RateMeter()
@@ -111,7 +112,7 @@ class Learner:
                 batch = self.unrolls.get_batch(self.config.batch_size)
                 if batch is None:
                     break
-                self.scalars.add_all(self.trainer.step(batch))
+                self.scalars.add_all(self.trainer.update(batch))
         except BaseException as e:
             self.finish(f"error: {e!r}")
             raise

@@ -1,15 +1,21 @@
-"""The trainer: one optimizer step per batch of unrolls, on the model inference also uses.
+"""The trainer: turns each batch of unrolls into optimizer steps, on the model inference also uses.
 
 Concurrency design. Inference (the batching thread) and training (this thread) share one
 model. Training's forward and backward passes only read the weights, so they run while
 inference runs. The only writer is `optimizer.step()`, and it runs under
 `PolicyVersion.lock`, which inference also holds for its forward pass; so inference always
 sees one whole version of the weights, and the version it records with each step is exact.
-This keeps one copy of the weights (large models fit) and makes the lock's critical
-section on the trainer side as short as an optimizer step.
+This keeps one copy of the weights (large models fit) and makes the trainer's critical
+section as short as an optimizer step.
+
+With `block_inference_on_training` the trainer instead holds the lock for its whole update
+(every epoch and minibatch), as SEED RL's option of that name does: no action is chosen
+by a policy that is half-way through an update, at the cost of idle actors meanwhile.
 """
 
 from __future__ import annotations
+
+import contextlib
 
 import torch
 
@@ -21,31 +27,49 @@ from fleetrl.problems.base import Problem
 
 class Trainer:
     def __init__(self, problem: Problem, agent: Agent, optimizer: torch.optim.Optimizer,
-                 policy: PolicyVersion, device: torch.device):
+                 policy: PolicyVersion, device: torch.device, block_inference_on_training: bool = False,
+                 seed: int = 0):
         self.problem = problem
         self.agent = agent
         self.optimizer = optimizer
         self.policy = policy
         self.device = device
-        self.steps = 0
+        self.block_inference = block_inference_on_training
+        self.algorithm = problem.algorithm()
+        self.epochs = problem.config.epochs or self.algorithm.default_epochs
+        self.minibatches = problem.config.minibatches or self.algorithm.default_minibatches
+        self._shuffle = torch.Generator().manual_seed(seed)
+        self.steps = 0  # optimizer steps
         self.last_policy_lag = float("nan")
 
-    def step(self, batch: UnrollBatch) -> dict[str, float]:
+    def update(self, batch: UnrollBatch) -> dict[str, float]:
+        """All epochs and minibatches of one batch; returns the mean of their logs."""
         batch = batch.to(self.device)
-        loss, logs = self.problem.loss(self.agent, batch)
+        if batch.batch_size % self.minibatches:
+            raise ValueError(f"batch_size {batch.batch_size} does not split into {self.minibatches} minibatches")
+        logs: dict[str, float] = {}
+        with self.policy.lock if self.block_inference else contextlib.nullcontext():
+            lag = self.policy.version - batch.policy_version[:-1].float().mean()
+            prepared = self.algorithm.prepare(self.problem, batch)
+            for _ in range(self.epochs):
+                order = torch.randperm(batch.batch_size, generator=self._shuffle).to(self.device)
+                for index in order.chunk(self.minibatches):
+                    step_logs = self._step(batch.select(index), {k: v[:, index] for k, v in prepared.items()})
+                    for name, value in step_logs.items():
+                        logs[name] = logs.get(name, 0.0) + value / (self.epochs * self.minibatches)
+        self.last_policy_lag = float(lag)
+        logs["learner/policy_lag"] = self.last_policy_lag
+        return logs
+
+    def _step(self, minibatch: UnrollBatch, prepared: dict[str, torch.Tensor]) -> dict[str, float]:
+        loss, logs = self.algorithm.loss(self.problem, self.agent, minibatch, prepared)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.problem.config.max_grad_norm)
         with self.policy.lock:
             self.optimizer.step()
-            lag = self.policy.version - batch.policy_version[:-1].float().mean()
             self.policy.version += 1
         self.steps += 1
-        self.last_policy_lag = float(lag)
         summaries = {k: float(v) for k, v in logs.items()}
-        summaries.update({
-            "optim/grad_norm": float(grad_norm),
-            "optim/learning_rate": self.optimizer.param_groups[0]["lr"],
-            "learner/policy_lag": self.last_policy_lag,
-        })
+        summaries.update({"optim/grad_norm": float(grad_norm), "optim/learning_rate": self.optimizer.param_groups[0]["lr"]})
         return summaries

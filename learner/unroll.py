@@ -21,6 +21,8 @@ STEP_FIELDS: dict[str, torch.dtype] = {
     "terminated": torch.bool,
     "truncated": torch.bool,
     "behaviour_log_prob": torch.float32,
+    # The agent's "baseline" output at inference (0 for agents without one).
+    "behaviour_value": torch.float32,
     "policy_version": torch.int64,
 }
 
@@ -36,6 +38,7 @@ class UnrollBatch:
     terminated: torch.Tensor
     truncated: torch.Tensor
     behaviour_log_prob: torch.Tensor
+    behaviour_value: torch.Tensor
     policy_version: torch.Tensor
     initial_state: Any
 
@@ -53,6 +56,13 @@ class UnrollBatch:
             initial_state=initial_state,
             **{k: tm[k] for k in STEP_FIELDS},
         )
+
+    def select(self, index: torch.Tensor) -> "UnrollBatch":
+        """The unrolls at `index` (along B)."""
+        pick = lambda x: x[:, index]  # noqa: E731
+        fields = {f.name: pytree.tree_map(pick, getattr(self, f.name))
+                  for f in dataclasses.fields(self) if f.name != "initial_state"}
+        return UnrollBatch(**fields, initial_state=pytree.tree_map(lambda s: s[index], self.initial_state))
 
     def to(self, device: torch.device | str) -> "UnrollBatch":
         move = lambda x: x.to(device, non_blocking=True)  # noqa: E731

@@ -19,6 +19,8 @@ import dataclasses
 
 import torch
 
+from fleetrl.losses.config import LossConfig
+
 
 @dataclasses.dataclass
 class VTraceReturns:
@@ -57,22 +59,9 @@ def vtrace_returns(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: tor
     return VTraceReturns(vs=vs, pg_advantages=pg_advantages)
 
 
-@dataclasses.dataclass
-class VTraceConfig:
-    """The IMPALA loss's settings; each is exposed through a Problem's --hparams."""
-
-    discount: float = 0.99
-    baseline_cost: float = 0.5
-    entropy_cost: float = 0.01
-    rho_bar: float = 1.0
-    c_bar: float = 1.0
-    pg_rho_bar: float = 1.0
-    lambda_: float = 1.0
-
-
 def vtrace_loss(target_log_probs: torch.Tensor, entropy: torch.Tensor, values: torch.Tensor,
                 behaviour_log_probs: torch.Tensor, rewards: torch.Tensor, discounts: torch.Tensor,
-                valid: torch.Tensor, config: VTraceConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+                valid: torch.Tensor, config: LossConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """The IMPALA loss over T transitions.
 
     target_log_probs, entropy, behaviour_log_probs and values are [T+1, B] (one per step of

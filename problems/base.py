@@ -21,16 +21,15 @@ import gymnasium as gym
 import torch
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation
-from fleetrl.learner.unroll import UnrollBatch
-from fleetrl.losses.transitions import transitions
-from fleetrl.losses.vtrace import VTraceConfig, vtrace_loss
+from fleetrl.losses.algorithms import Algorithm, get_algorithm
+from fleetrl.losses.config import LossConfig
 from fleetrl.problems.hparams import apply_hparams
 from fleetrl.proto.tensors import Specs, specs_from_space
 
 
 @dataclasses.dataclass
-class ProblemConfig(VTraceConfig):
-    """Settings every Problem has: optimizer and V-trace loss. Subclasses add their own."""
+class ProblemConfig(LossConfig):
+    """Settings every Problem has: the loss (see LossConfig) and the optimizer. Subclasses add their own."""
 
     learning_rate: float = 1e-3
     adam_eps: float = 1e-8
@@ -101,17 +100,6 @@ class Problem:
     def entropy(self, agent_output: AgentOutput) -> torch.Tensor:
         return self.action_distribution(agent_output).entropy()
 
-    def loss(self, agent: Agent, batch: UnrollBatch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """The training loss of a batch of unrolls; the default is V-trace (IMPALA)."""
-        outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state)
-        steps = transitions(batch.reward, batch.terminated, batch.truncated, self.config.discount)
-        return vtrace_loss(
-            target_log_probs=self.action_log_prob(outputs, batch.action),
-            entropy=self.entropy(outputs),
-            values=outputs["baseline"],
-            behaviour_log_probs=batch.behaviour_log_prob,
-            rewards=steps.rewards,
-            discounts=steps.discounts,
-            valid=steps.valid,
-            config=self.config,
-        )
+    def algorithm(self) -> Algorithm:
+        """How batches of unrolls train the agent; the default is `config.algorithm` from the registry."""
+        return get_algorithm(self.config.algorithm)

@@ -84,6 +84,20 @@ def test_cartpole_learns_and_writes_summaries(tmp_path):
 
 
 @pytest.mark.slow
+def test_ppo_solves_cartpole_within_500k_env_steps(tmp_path):
+    process, tag = start_local(tmp_path, "--problem=cartpole", "--hparams=algorithm=ppo", "--seed=1",
+                               "--batch_size=32", "--unroll_length=16", "--block_inference_on_training",
+                               "--total_env_steps=500000", "--target_mean_return=475", "--summary_interval_s=1")
+    code, output = finish(process, tag)
+    assert code == 0, output
+    assert json.loads((tmp_path / "summary.json").read_text())["target_reached"], output
+    scalars = read_scalars(tmp_path)
+    for name in ["ppo/approx_kl", "ppo/clip_fraction", "value/explained_variance", "loss/value", "learner/policy_lag"]:
+        assert scalars.get(name) and all(math.isfinite(v) for v in scalars[name]), name
+    assert max(scalars["value/explained_variance"]) > 0.5
+
+
+@pytest.mark.slow
 def test_the_recurrent_agent_learns_through_the_learner_side_state(tmp_path):
     process, tag = start_local(tmp_path, "--problem=cartpole_lstm", "--num_actors=2", "--envs_per_actor=16",
                                "--seed=1", "--total_env_steps=500000", "--target_mean_return=100")

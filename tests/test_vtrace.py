@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from fleetrl.losses.transitions import transitions
-from fleetrl.losses.vtrace import VTraceConfig, vtrace_loss, vtrace_returns
+from fleetrl.losses.config import LossConfig
+from fleetrl.losses.vtrace import vtrace_loss, vtrace_returns
 
 
 def naive_vtrace(log_rhos, discounts, rewards, values, bootstrap, rho_bar, c_bar, pg_rho_bar, lambda_):
@@ -106,7 +107,7 @@ def test_loss_gradients_flow_to_policy_and_baseline_only_through_the_estimates()
     loss, logs = vtrace_loss(
         target_log_probs=dist.log_prob(actions), entropy=dist.entropy(), values=values,
         behaviour_log_probs=dist.log_prob(actions).detach() + 0.1, rewards=torch.randn(5, 3),
-        discounts=torch.full((5, 3), 0.99), valid=torch.ones(5, 3), config=VTraceConfig(),
+        discounts=torch.full((5, 3), 0.99), valid=torch.ones(5, 3), config=LossConfig(),
     )
     loss.backward()
     assert torch.isfinite(loss)

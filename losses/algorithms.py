@@ -1,0 +1,86 @@
+"""Training algorithms: how one batch of unrolls becomes optimizer steps. Chosen by name.
+
+An algorithm has two parts. `prepare` runs once per batch, before any update, and computes
+what must come from the behaviour policy (GAE advantages from the values recorded at
+inference, say). `loss` runs on each minibatch of each epoch. The trainer does the rest.
+
+Register a new one with `ALGORITHMS["name"] = MyAlgorithm()`; select it with
+`--hparams=algorithm=name` or in a Problem's config.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from fleetrl.learner.unroll import UnrollBatch
+from fleetrl.losses.gae import gae
+from fleetrl.losses.ppo import ppo_loss
+from fleetrl.losses.transitions import transitions
+from fleetrl.losses.vtrace import vtrace_loss
+
+if TYPE_CHECKING:
+    from fleetrl.agents.base import Agent
+    from fleetrl.problems.base import Problem
+
+Prepared = dict[str, torch.Tensor]  # [T, B] per-transition tensors
+LossAndLogs = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+class Algorithm:
+    default_epochs = 1
+    default_minibatches = 1
+
+    def prepare(self, problem: "Problem", batch: UnrollBatch) -> Prepared:
+        steps = transitions(batch.reward, batch.terminated, batch.truncated, problem.config.discount)
+        return {"rewards": steps.rewards, "discounts": steps.discounts, "valid": steps.valid}
+
+    def loss(self, problem: "Problem", agent: "Agent", batch: UnrollBatch, prepared: Prepared) -> LossAndLogs:
+        raise NotImplementedError
+
+
+class VTrace(Algorithm):
+    """IMPALA's off-policy actor-critic (`fleetrl.losses.vtrace`)."""
+
+    def loss(self, problem, agent, batch, prepared):
+        outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state)
+        return vtrace_loss(
+            target_log_probs=problem.action_log_prob(outputs, batch.action), entropy=problem.entropy(outputs),
+            values=outputs["baseline"], behaviour_log_probs=batch.behaviour_log_prob,
+            rewards=prepared["rewards"], discounts=prepared["discounts"], valid=prepared["valid"],
+            config=problem.config,
+        )
+
+
+class PPO(Algorithm):
+    """Clipped PPO on GAE advantages from the values recorded at inference (`fleetrl.losses.ppo`)."""
+
+    default_epochs = 4
+    default_minibatches = 4
+
+    def prepare(self, problem, batch):
+        prepared = super().prepare(problem, batch)
+        values = batch.behaviour_value
+        estimate = gae(prepared["rewards"], prepared["discounts"], values[:-1], values[-1],
+                       problem.config.gae_lambda, prepared["valid"])
+        prepared.update(advantages=estimate.advantages, returns=estimate.returns)
+        return prepared
+
+    def loss(self, problem, agent, batch, prepared):
+        outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state)
+        return ppo_loss(
+            log_probs=problem.action_log_prob(outputs, batch.action)[:-1],
+            old_log_probs=batch.behaviour_log_prob[:-1], advantages=prepared["advantages"],
+            values=outputs["baseline"][:-1], old_values=batch.behaviour_value[:-1], returns=prepared["returns"],
+            entropy=problem.entropy(outputs)[:-1], valid=prepared["valid"], config=problem.config,
+        )
+
+
+ALGORITHMS: dict[str, Algorithm] = {"vtrace": VTrace(), "ppo": PPO()}
+
+
+def get_algorithm(name: str) -> Algorithm:
+    if name not in ALGORITHMS:
+        raise ValueError(f"unknown algorithm {name!r}; known: {', '.join(sorted(ALGORITHMS))}")
+    return ALGORITHMS[name]

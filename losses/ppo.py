@@ -1,0 +1,69 @@
+"""The PPO loss (Schulman et al. 2017), as defined in the project's algorithm reference.
+
+    ratio = exp(log pi - log pi_old)
+    L_pi  = mean(max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high)))
+    dual clip (Ye et al. 2020), for A < 0 only: L_pi = min(L_pi, -dual_clip * A)
+    V_clip = V_old + clip(V - V_old, -eps_v, eps_v)
+    L_V   = 0.5 * mean(max((R - V)^2, (R - V_clip)^2))     (Huber instead of squares: optional)
+    total = L_pi + baseline_cost * L_V - entropy_cost * H
+
+Means run over valid transitions only (`valid` masks the autoreset step).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from fleetrl.losses.config import LossConfig
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (x * mask).sum() / mask.sum().clamp(min=1)
+
+
+def ppo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
+             values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, entropy: torch.Tensor,
+             valid: torch.Tensor, config: LossConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """All inputs are [T, B] per transition; advantages, returns and the old values carry no gradient."""
+    if config.normalize_advantages:
+        mean = masked_mean(advantages, valid)
+        std = masked_mean((advantages - mean) ** 2, valid).sqrt()
+        advantages = (advantages - mean) / (std + 1e-8)
+    log_ratio = log_probs - old_log_probs
+    ratio = torch.exp(log_ratio)
+    clipped = torch.clamp(ratio, 1 - config.clip_eps_low, 1 + config.clip_eps_high)
+    policy_losses = torch.maximum(-advantages * ratio, -advantages * clipped)
+    if config.dual_clip is not None:
+        capped = torch.minimum(policy_losses, -config.dual_clip * advantages)
+        policy_losses = torch.where(advantages < 0, capped, policy_losses)
+    policy_loss = masked_mean(policy_losses, valid)
+
+    def value_error(prediction: torch.Tensor) -> torch.Tensor:
+        if config.value_huber_delta is None:
+            return (returns - prediction) ** 2
+        return 2 * F.huber_loss(prediction, returns, reduction="none", delta=config.value_huber_delta)
+
+    value_errors = value_error(values)
+    if config.value_clip_eps is not None:
+        clipped_values = old_values + torch.clamp(values - old_values, -config.value_clip_eps, config.value_clip_eps)
+        value_errors = torch.maximum(value_errors, value_error(clipped_values))
+    value_loss = 0.5 * masked_mean(value_errors, valid)
+    mean_entropy = masked_mean(entropy, valid)
+    total = policy_loss + config.baseline_cost * value_loss - config.entropy_cost * mean_entropy
+
+    with torch.no_grad():
+        residual_var = masked_mean((returns - old_values - masked_mean(returns - old_values, valid)) ** 2, valid)
+        returns_var = masked_mean((returns - masked_mean(returns, valid)) ** 2, valid)
+        logs = {
+            "loss/total": total.detach(),
+            "loss/policy": policy_loss.detach(),
+            "loss/value": value_loss.detach(),
+            "loss/entropy": -mean_entropy.detach(),
+            "policy/entropy": mean_entropy.detach(),
+            "ppo/approx_kl": masked_mean((ratio - 1) - log_ratio, valid),
+            "ppo/clip_fraction": masked_mean(((ratio < 1 - config.clip_eps_low) |
+                                              (ratio > 1 + config.clip_eps_high)).float(), valid),
+            "value/explained_variance": 1 - residual_var / returns_var.clamp(min=1e-8),
+        }
+    return total, logs
