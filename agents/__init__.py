@@ -2,6 +2,6 @@
 
 from fleetrl.agents.base import Agent, AgentOutput, State
 from fleetrl.agents.lstm import LSTMAgent
-from fleetrl.agents.mlp import MLPAgent
+from fleetrl.agents.mlp import GaussianMLPAgent, MLPAgent
 
-__all__ = ["Agent", "AgentOutput", "State", "LSTMAgent", "MLPAgent"]
+__all__ = ["Agent", "AgentOutput", "State", "GaussianMLPAgent", "LSTMAgent", "MLPAgent"]

@@ -15,6 +15,8 @@ from fleetrl.problems.base import Problem
 BUILTIN: dict[str, str] = {
     "cartpole": "fleetrl.problems.cartpole:CartPoleProblem",
     "cartpole_lstm": "fleetrl.problems.cartpole:CartPoleLSTMProblem",
+    "continuous_control": "fleetrl.problems.continuous_control:ContinuousControlProblem",
+    "pendulum": "fleetrl.problems.continuous_control:PendulumProblem",
 }
 _registry: dict[str, str] = dict(BUILTIN)
 

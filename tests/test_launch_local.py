@@ -98,6 +98,17 @@ def test_ppo_solves_cartpole_within_500k_env_steps(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_gaussian_policy_learns_pendulum(tmp_path):
+    """Continuous actions with PPO; a random policy averages about -1,250."""
+    process, tag = start_local(tmp_path, "--problem=pendulum", "--seed=1", "--envs_per_actor=16",
+                               "--batch_size=32", "--unroll_length=32", "--block_inference_on_training",
+                               "--total_env_steps=300000", "--target_mean_return=-700")
+    code, output = finish(process, tag)
+    assert code == 0, output
+    assert json.loads((tmp_path / "summary.json").read_text())["target_reached"], output
+
+
+@pytest.mark.slow
 def test_the_recurrent_agent_learns_through_the_learner_side_state(tmp_path):
     process, tag = start_local(tmp_path, "--problem=cartpole_lstm", "--num_actors=2", "--envs_per_actor=16",
                                "--seed=1", "--total_env_steps=500000", "--target_mean_return=100")

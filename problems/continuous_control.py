@@ -1,0 +1,72 @@
+"""Continuous control with Gaussian policies: Pendulum-v1, and a base for any Box-action env.
+
+The action bounds come from the env's action space; `action_squash` picks how the policy
+respects them (see `fleetrl.agents.distributions`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Mapping
+
+import gymnasium as gym
+import numpy as np
+import torch
+
+from fleetrl.agents import Agent, GaussianMLPAgent
+from fleetrl.agents.base import AgentOutput, Observation
+from fleetrl.agents.distributions import bounded_normal
+from fleetrl.problems.base import Problem, ProblemConfig
+
+
+@dataclasses.dataclass
+class ContinuousControlConfig(ProblemConfig):
+    env_id: str = "Pendulum-v1"
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    # "tanh" squashes into the bounds; "clip" clips and puts the tails' mass on them.
+    action_squash: str = "tanh"
+    state_dependent_std: bool = False
+    initial_log_std: float = 0.0
+
+
+class ContinuousControlProblem(Problem):
+    """Any Gymnasium env with a flat Box observation and a Box action space."""
+
+    name = "continuous_control"
+    Config = ContinuousControlConfig
+
+    def make_env(self) -> gym.Env:
+        return gym.make(self.config.env_id, disable_env_checker=True)
+
+    def make_agent(self) -> Agent:
+        obs_space, action_space = self._spaces
+        return GaussianMLPAgent(int(np.prod(obs_space.shape)), int(np.prod(action_space.shape)),
+                                self.config.hidden_sizes, self.config.state_dependent_std,
+                                self.config.initial_log_std)
+
+    def action_distribution(self, agent_output: AgentOutput) -> torch.distributions.Distribution:
+        space = self._spaces[1]
+        return bounded_normal(self.config.action_squash, agent_output["action_mean"],
+                              agent_output["action_log_std"], space.low, space.high)
+
+    def select_actor_action(self, agent_output: AgentOutput, observation: Observation,
+                            deterministic: bool = False) -> dict[str, torch.Tensor]:
+        dist = self.action_distribution(agent_output)
+        action = dist.mode if deterministic else dist.sample()
+        return {"action": action.to(torch.float32)}
+
+    def action_log_prob(self, agent_output: AgentOutput, actions: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        return self.action_distribution(agent_output).log_prob(actions["action"])
+
+
+@dataclasses.dataclass
+class PendulumConfig(ContinuousControlConfig):
+    algorithm: str = "ppo"
+    learning_rate: float = 1e-3
+    discount: float = 0.95
+    entropy_cost: float = 0.0
+
+
+class PendulumProblem(ContinuousControlProblem):
+    name = "pendulum"
+    Config = PendulumConfig
