@@ -48,6 +48,7 @@ class EnvStateStore:
         self._length = np.zeros(0, np.int64)
         self._run_id = np.zeros(0, np.uint64)
         self._ended = np.zeros(0, bool)
+        self._teacher_forcing = np.zeros(0, bool)  # whether the env's current episode is teacher-forced
         self._grow(capacity)
 
     @property
@@ -85,10 +86,18 @@ class EnvStateStore:
             prev_action = {k: torch.where(expand_mask(first, v[index]), 0, v[index]) for k, v in self._prev_action.items()}
             return first, state, prev_action
 
+    def teacher_forcing(self, slots: np.ndarray) -> np.ndarray:
+        """Whether each env's current (or just ended) episode is teacher-forced."""
+        with self.lock:
+            return self._teacher_forcing[slots].copy()
+
     def end_step(self, slots: np.ndarray, step: Mapping[str, torch.Tensor], state_before: Any,
-                 state_after: Any, actions: Mapping[str, torch.Tensor], ended: np.ndarray) -> list[Unroll]:
+                 state_after: Any, actions: Mapping[str, torch.Tensor], ended: np.ndarray,
+                 teacher_forcing: np.ndarray | None = None) -> list[Unroll]:
         """After inference: records the step and returns the unrolls it completed."""
         with self.lock:
+            if teacher_forcing is not None:
+                self._teacher_forcing[slots] = teacher_forcing
             index = torch.from_numpy(slots)
             starting = torch.from_numpy(self._length[slots] == 0)
             if starting.any():
@@ -128,6 +137,7 @@ class EnvStateStore:
         self._length[slots] = 0
         self._run_id[slots] = 0  # actors never use run id 0, so the next step starts fresh
         self._ended[slots] = False
+        self._teacher_forcing[slots] = False
 
     def _grow(self, capacity: int) -> None:
         extra = capacity - self._capacity
@@ -148,6 +158,7 @@ class EnvStateStore:
         self._length = np.concatenate([self._length, np.zeros(extra, np.int64)])
         self._run_id = np.concatenate([self._run_id, np.zeros(extra, np.uint64)])
         self._ended = np.concatenate([self._ended, np.zeros(extra, bool)])
+        self._teacher_forcing = np.concatenate([self._teacher_forcing, np.zeros(extra, bool)])
         self._free.extend(range(self._capacity, capacity))
         self._capacity = capacity
 

@@ -46,13 +46,14 @@ class PolicyVersion:
 
 class InferenceStep:
     def __init__(self, problem: Problem, agent: Agent, policy: PolicyVersion, store: EnvStateStore,
-                 emit_unroll: Callable[[Unroll], bool], device: torch.device):
+                 emit_unroll: Callable[[Unroll], bool], device: torch.device, seed: int = 0):
         self.problem = problem
         self.agent = agent
         self.policy = policy
         self.store = store
         self.emit_unroll = emit_unroll
         self.device = device
+        self._episode_draws = torch.Generator().manual_seed(seed)
         self.env_steps = 0  # transitions: steps that are not the first of an episode
         self.batches = 0
         self.batch_envs = 0
@@ -65,11 +66,15 @@ class InferenceStep:
         first, state, prev_action = self.store.begin_step(slots, run_ids)
         obs.update({f"prev_action/{k}": v for k, v in prev_action.items()})
         device_obs = tree_to(obs, self.device)
+        # Each episode's loss (RL or teacher forcing) is drawn when it starts, and kept.
+        teacher = torch.from_numpy(self.store.teacher_forcing(slots))
+        if first.any():
+            teacher[first] = self.problem.draw_teacher_forcing(int(first.sum()), self._episode_draws)
 
         with self.policy.lock:
             version = self.policy.version
             out, new_state = self.agent.step(device_obs, first.to(self.device), tree_to(state, self.device))
-            selected = self.problem.select_actor_action(out, device_obs)
+            selected = self.problem.select_actor_action(out, device_obs, teacher_forcing=teacher.to(self.device))
             log_prob = self.problem.action_log_prob(out, selected)
         actions = tree_to(selected, "cpu")
 
@@ -85,9 +90,11 @@ class InferenceStep:
             behaviour_log_prob=log_prob.cpu(),
             behaviour_value=out["baseline"].cpu() if "baseline" in out else torch.zeros(len(slots)),
             policy_version=torch.full((len(slots),), version, dtype=torch.int64),
+            teacher_forcing=teacher,
         )
         ended = terminated | truncated
-        for unroll in self.store.end_step(slots, step, state, tree_to(new_state, "cpu"), actions, ended):
+        for unroll in self.store.end_step(slots, step, state, tree_to(new_state, "cpu"), actions, ended,
+                                          teacher.numpy()):
             if not self.emit_unroll(unroll):
                 break
 

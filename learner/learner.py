@@ -66,7 +66,8 @@ class Learner:
         self.store = build_state_store(self.problem, self.agent, config.unroll_length, self.device)
 
         self.unrolls = UnrollQueue(config.unroll_queue_size, self.stop)
-        self.inference = InferenceStep(self.problem, self.agent, self.policy, self.store, self.unrolls.put, self.device)
+        self.inference = InferenceStep(self.problem, self.agent, self.policy, self.store, self.unrolls.put,
+                                       self.device, config.seed)
         self.batcher = InferenceBatcher(
             self.inference, len, lambda: max(1, min(config.inference_batch_size, self.store.num_allocated)),
             config.inference_timeout_ms / 1000)

@@ -96,7 +96,7 @@ class LearnerService(pb_grpc.LearnerServicer):
                     request, episodes = self._decode_step(message.step, slots, handshake.num_envs)
                 except WireError as e:
                     self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {handshake.actor_id!r}: {e}")
-                self._record_episodes(episodes)
+                self._record_episodes(episodes, slots)
                 start = time.monotonic()
                 try:
                     actions = self.run.batcher.submit(request).result()
@@ -141,7 +141,8 @@ class LearnerService(pb_grpc.LearnerServicer):
         return (spec_mismatch("observation", self.run.observation_specs, observations)
                 or spec_mismatch("action", self.run.action_specs, actions))
 
-    def _decode_step(self, step: pb.Step, slots: np.ndarray, num_envs: int) -> tuple[StepRequest, list[dict[str, float]]]:
+    def _decode_step(self, step: pb.Step, slots: np.ndarray,
+                     num_envs: int) -> tuple[StepRequest, list[tuple[int, dict[str, float]]]]:
         count = len(step.env_indices)
         if count == 0:
             raise WireError("the step has no env_indices")
@@ -167,17 +168,22 @@ class LearnerService(pb_grpc.LearnerServicer):
                 raise WireError(f"finished_episodes: env index {episode.env_index} is unknown")
             if not all(math.isfinite(v) for v in episode.metrics.values()):
                 raise WireError(f"finished_episodes: env {episode.env_index} has a NaN or infinite metric")
-            episodes.append(dict(episode.metrics))
+            episodes.append((episode.env_index, dict(episode.metrics)))
         request = StepRequest(
             slots=slots[indices], run_ids=run_ids, observation=observation, reward=rewards,
             terminated=np.asarray(step.terminated, bool), truncated=np.asarray(step.truncated, bool),
         )
         return request, episodes
 
-    def _record_episodes(self, episodes: list[dict[str, float]]) -> None:
+    def _record_episodes(self, episodes: list[tuple[int, dict[str, float]]], slots: np.ndarray) -> None:
+        """Training episodes go to train/ and the recent-return window; teacher-forced ones,
+        which executed the oracle's actions, to teacher/ only."""
         if not episodes:
             return
-        self.run.episodes.extend(episodes)
-        for episode in episodes:
-            for name, value in episode.items():
-                self.run.scalars.add(f"train/episode_{name}" if name in ("return", "length") else f"train/{name}", value)
+        forced = self.run.store.teacher_forcing(slots[[env for env, _ in episodes]])
+        for (_, metrics), teacher in zip(episodes, forced):
+            prefix = "teacher" if teacher else "train"
+            for name, value in metrics.items():
+                tag = f"episode_{name}" if name in ("return", "length") else name
+                self.run.scalars.add(f"{prefix}/{tag}", value)
+        self.run.episodes.extend(metrics for (_, metrics), teacher in zip(episodes, forced) if not teacher)

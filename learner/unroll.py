@@ -24,6 +24,8 @@ STEP_FIELDS: dict[str, torch.dtype] = {
     # The agent's "baseline" output at inference (0 for agents without one).
     "behaviour_value": torch.float32,
     "policy_version": torch.int64,
+    # The step belongs to a teacher-forced episode: the oracle's action was executed.
+    "teacher_forcing": torch.bool,
 }
 
 
@@ -40,6 +42,7 @@ class UnrollBatch:
     behaviour_log_prob: torch.Tensor
     behaviour_value: torch.Tensor
     policy_version: torch.Tensor
+    teacher_forcing: torch.Tensor
     initial_state: Any
 
     @property

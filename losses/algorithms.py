@@ -4,6 +4,11 @@ An algorithm has two parts. `prepare` runs once per batch, before any update, an
 what must come from the behaviour policy (GAE advantages from the values recorded at
 inference, say). `loss` runs on each minibatch of each epoch. The trainer does the rest.
 
+Every algorithm mixes in teacher forcing the same way: the steps of teacher-forced
+episodes (where the oracle's action was executed) are masked out of the RL loss and train
+with cross-entropy on that action instead, weighted by `teacher_forcing_cost`. A batch may
+hold both kinds.
+
 Register a new one with `ALGORITHMS["name"] = MyAlgorithm()`; select it with
 `--hparams=algorithm=name` or in a Problem's config.
 """
@@ -34,17 +39,39 @@ class Algorithm:
 
     def prepare(self, problem: "Problem", batch: UnrollBatch) -> Prepared:
         steps = transitions(batch.reward, batch.terminated, batch.truncated, problem.config.discount)
-        return {"rewards": steps.rewards, "discounts": steps.discounts, "valid": steps.valid}
+        return {"rewards": steps.rewards, "discounts": steps.discounts, "valid": steps.valid,
+                "teacher": batch.teacher_forcing[:-1].float()}
 
     def loss(self, problem: "Problem", agent: "Agent", batch: UnrollBatch, prepared: Prepared) -> LossAndLogs:
+        outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state)
+        valid, teacher = prepared["valid"], prepared["teacher"]
+        loss, logs = self.rl_loss(problem, outputs, batch, {**prepared, "valid": valid * (1 - teacher)})
+        forced = valid * teacher
+        if forced.any():
+            log_probs = problem.action_log_prob(outputs, batch.action)[:-1]
+            cross_entropy = -(log_probs * forced).sum() / forced.sum()
+            loss = loss + problem.config.teacher_forcing_cost * cross_entropy
+            logs["loss/teacher_forcing"] = cross_entropy.detach()
+        logs["teacher_forcing/fraction"] = forced.sum() / valid.sum().clamp(min=1)
+        return loss, logs
+
+    def rl_loss(self, problem: "Problem", outputs: dict[str, torch.Tensor], batch: UnrollBatch,
+                prepared: Prepared) -> LossAndLogs:
+        """The RL loss over the transitions where prepared["valid"] is 1."""
         raise NotImplementedError
+
+
+class Supervised(Algorithm):
+    """Teacher forcing alone: no RL loss (use with teacher_forcing_fraction=1)."""
+
+    def rl_loss(self, problem, outputs, batch, prepared):
+        return sum(v.sum() for v in outputs.values()) * 0.0, {}
 
 
 class VTrace(Algorithm):
     """IMPALA's off-policy actor-critic (`fleetrl.losses.vtrace`)."""
 
-    def loss(self, problem, agent, batch, prepared):
-        outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state)
+    def rl_loss(self, problem, outputs, batch, prepared):
         return vtrace_loss(
             target_log_probs=problem.action_log_prob(outputs, batch.action), entropy=problem.entropy(outputs),
             values=outputs["baseline"], behaviour_log_probs=batch.behaviour_log_prob,
@@ -67,8 +94,7 @@ class PPO(Algorithm):
         prepared.update(advantages=estimate.advantages, returns=estimate.returns)
         return prepared
 
-    def loss(self, problem, agent, batch, prepared):
-        outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state)
+    def rl_loss(self, problem, outputs, batch, prepared):
         return ppo_loss(
             log_probs=problem.action_log_prob(outputs, batch.action)[:-1],
             old_log_probs=batch.behaviour_log_prob[:-1], advantages=prepared["advantages"],
@@ -77,7 +103,7 @@ class PPO(Algorithm):
         )
 
 
-ALGORITHMS: dict[str, Algorithm] = {"vtrace": VTrace(), "ppo": PPO()}
+ALGORITHMS: dict[str, Algorithm] = {"vtrace": VTrace(), "ppo": PPO(), "supervised": Supervised()}
 
 
 def get_algorithm(name: str) -> Algorithm:

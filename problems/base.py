@@ -34,6 +34,12 @@ class ProblemConfig(LossConfig):
     learning_rate: float = 1e-3
     adam_eps: float = 1e-8
     max_grad_norm: float = 40.0
+    # The share of episodes that execute the oracle's action and train with cross-entropy
+    # on it instead of RL (VALAN mixes both for navigation). Needs the oracle in the
+    # observation under `oracle_key`.
+    teacher_forcing_fraction: float = 0.0
+    teacher_forcing_cost: float = 1.0
+    oracle_key: str = "oracle_action"
 
 
 class Problem:
@@ -87,11 +93,20 @@ class Problem:
         """The policy over the single action "action"; the default is categorical over policy_logits."""
         return torch.distributions.Categorical(logits=agent_output["policy_logits"])
 
+    def draw_teacher_forcing(self, count: int, generator: torch.Generator) -> torch.Tensor:
+        """For `count` starting episodes: which ones are teacher-forced. Override to choose otherwise."""
+        return torch.rand(count, generator=generator) < self.config.teacher_forcing_fraction
+
     def select_actor_action(self, agent_output: AgentOutput, observation: Observation,
-                            deterministic: bool = False) -> dict[str, torch.Tensor]:
-        """The actions the actors execute: a sample, or the mode when deterministic."""
+                            deterministic: bool = False,
+                            teacher_forcing: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+        """The actions the actors execute: a sample, or the mode when deterministic, or the
+        oracle's action in teacher-forced episodes."""
         dist = self.action_distribution(agent_output)
         action = dist.mode if deterministic else dist.sample()
+        if teacher_forcing is not None and bool(teacher_forcing.any()):
+            oracle = observation[self.config.oracle_key].to(action.dtype)
+            action = torch.where(teacher_forcing.reshape(-1, *[1] * (action.dim() - 1)), oracle, action)
         return {"action": action}
 
     def action_log_prob(self, agent_output: AgentOutput, actions: Mapping[str, torch.Tensor]) -> torch.Tensor:

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from fleetrl.agents import Agent, GaussianMLPAgent
-from fleetrl.agents.base import AgentOutput, Observation
+from fleetrl.agents.base import AgentOutput
 from fleetrl.agents.distributions import bounded_normal
 from fleetrl.problems.base import Problem, ProblemConfig
 
@@ -48,12 +48,6 @@ class ContinuousControlProblem(Problem):
         space = self._spaces[1]
         return bounded_normal(self.config.action_squash, agent_output["action_mean"],
                               agent_output["action_log_std"], space.low, space.high)
-
-    def select_actor_action(self, agent_output: AgentOutput, observation: Observation,
-                            deterministic: bool = False) -> dict[str, torch.Tensor]:
-        dist = self.action_distribution(agent_output)
-        action = dist.mode if deterministic else dist.sample()
-        return {"action": action.to(torch.float32)}
 
     def action_log_prob(self, agent_output: AgentOutput, actions: Mapping[str, torch.Tensor]) -> torch.Tensor:
         return self.action_distribution(agent_output).log_prob(actions["action"])

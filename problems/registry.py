@@ -17,6 +17,7 @@ BUILTIN: dict[str, str] = {
     "cartpole_lstm": "fleetrl.problems.cartpole:CartPoleLSTMProblem",
     "continuous_control": "fleetrl.problems.continuous_control:ContinuousControlProblem",
     "pendulum": "fleetrl.problems.continuous_control:PendulumProblem",
+    "grid_nav": "fleetrl.problems.grid_nav:GridNavProblem",
 }
 _registry: dict[str, str] = dict(BUILTIN)
 

@@ -109,6 +109,23 @@ def test_a_gaussian_policy_learns_pendulum(tmp_path):
 
 
 @pytest.mark.slow
+def test_mixing_teacher_forcing_into_rl_beats_pure_rl_at_equal_env_steps(tmp_path):
+    """Grid navigation with a sparse reward: success of the policy's own (not forced) episodes."""
+    success = {}
+    for fraction in ("0.5", "0.0"):
+        logdir = tmp_path / fraction
+        process, tag = start_local(logdir, "--problem=grid_nav", f"--hparams=teacher_forcing_fraction={fraction}",
+                                   "--seed=1", "--envs_per_actor=16", "--total_env_steps=40000",
+                                   "--summary_interval_s=1")
+        code, output = finish(process, tag)
+        assert code == 0, output
+        success[fraction] = json.loads((logdir / "summary.json").read_text())["mean_episode_return"]
+        if fraction == "0.5":
+            assert read_scalars(logdir)["teacher/success"][-1] == 1.0  # forced episodes follow the oracle
+    assert success["0.5"] >= 0.6 and success["0.5"] > success["0.0"] + 0.3, success
+
+
+@pytest.mark.slow
 def test_the_recurrent_agent_learns_through_the_learner_side_state(tmp_path):
     process, tag = start_local(tmp_path, "--problem=cartpole_lstm", "--num_actors=2", "--envs_per_actor=16",
                                "--seed=1", "--total_env_steps=500000", "--target_mean_return=100")
