@@ -58,7 +58,8 @@ class Actor:
             problem_name, problem = self.config.problem or self._problem.name, self._problem
         else:
             problem_name, problem = self._problem_from_learner()
-        envs = make_vector_env(problem.make_env, self.config.num_envs, self.config.async_envs)
+        envs = make_vector_env(problem.make_env, self.config.num_envs, self.config.async_envs,
+                               problem.config.group_size, self.config.seed)
         try:
             self._act(problem_name, problem, envs, max_steps)
         finally:

@@ -16,6 +16,7 @@ import torch
 
 from fleetrl.agents.base import Agent
 from fleetrl.learner.env_state_store import EnvStateStore, Unroll
+from fleetrl.learner.group_scores import GroupScores
 from fleetrl.learner.tensor_tree import tree_to
 from fleetrl.problems.base import Problem
 
@@ -46,12 +47,15 @@ class PolicyVersion:
 
 class InferenceStep:
     def __init__(self, problem: Problem, agent: Agent, policy: PolicyVersion, store: EnvStateStore,
-                 emit_unroll: Callable[[Unroll], bool], device: torch.device, seed: int = 0):
+                 emit_unroll: Callable[[Unroll], bool], device: torch.device, seed: int = 0,
+                 group_scores: GroupScores | None = None):
         self.problem = problem
         self.agent = agent
         self.policy = policy
         self.store = store
-        self.emit_unroll = emit_unroll
+        # With GRPO, finished unrolls wait in group_scores for their episodes' advantages.
+        self.group_scores = group_scores
+        self.emit_unroll = emit_unroll if group_scores is None else group_scores.hold
         self.device = device
         self._episode_draws = torch.Generator().manual_seed(seed)
         self.env_steps = 0  # transitions: steps that are not the first of an episode
@@ -80,19 +84,24 @@ class InferenceStep:
 
         terminated = np.concatenate([r.terminated for r in requests])
         truncated = np.concatenate([r.truncated for r in requests])
+        reward = np.concatenate([r.reward for r in requests])
+        ended = terminated | truncated
+        episode_index = (np.zeros(len(slots), np.int64) if self.group_scores is None
+                         else self.group_scores.observe(slots, first.numpy(), reward, ended))
         step = {f"obs/{k}": v for k, v in obs.items()}
         step.update({f"action/{k}": v for k, v in actions.items()})
         step.update(
             first=first,
-            reward=torch.from_numpy(np.concatenate([r.reward for r in requests])),
+            reward=torch.from_numpy(reward),
             terminated=torch.from_numpy(terminated),
             truncated=torch.from_numpy(truncated),
             behaviour_log_prob=log_prob.cpu(),
             behaviour_value=out["baseline"].cpu() if "baseline" in out else torch.zeros(len(slots)),
             policy_version=torch.full((len(slots),), version, dtype=torch.int64),
             teacher_forcing=teacher,
+            slot=torch.from_numpy(slots),
+            episode_index=torch.from_numpy(episode_index),
         )
-        ended = terminated | truncated
         for unroll in self.store.end_step(slots, step, state, tree_to(new_state, "cpu"), actions, ended,
                                           teacher.numpy()):
             if not self.emit_unroll(unroll):

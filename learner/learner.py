@@ -25,6 +25,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.env_state_store import EnvStateStore
+from fleetrl.learner.group_scores import GroupScores
 from fleetrl.learner.inference import InferenceStep, PolicyVersion
 from fleetrl.learner.inference_batcher import InferenceBatcher
 from fleetrl.learner.metrics import EpisodeWindow, RateMeter, ScalarMeans
@@ -66,8 +67,10 @@ class Learner:
         self.store = build_state_store(self.problem, self.agent, config.unroll_length, self.device)
 
         self.unrolls = UnrollQueue(config.unroll_queue_size, self.stop)
+        group_size = self.problem.config.group_size
+        self.group_scores = GroupScores(group_size, self.unrolls.put) if group_size > 1 else None
         self.inference = InferenceStep(self.problem, self.agent, self.policy, self.store, self.unrolls.put,
-                                       self.device, config.seed)
+                                       self.device, config.seed, self.group_scores)
         self.batcher = InferenceBatcher(
             self.inference, len, lambda: max(1, min(config.inference_batch_size, self.store.num_allocated)),
             config.inference_timeout_ms / 1000)
@@ -85,6 +88,7 @@ class Learner:
             observation_specs=self.problem.observation_specs(), action_specs=self.problem.action_specs(), store=self.store, batcher=self.batcher, episodes=self.episodes,
             scalars=self.scalars, status=self.status, finished=self.stop, finished_reason=lambda: self._reason,
             policy_version=lambda: self.policy.version, max_envs_per_actor=config.max_envs_per_actor,
+            group_scores=self.group_scores,
         ))
         message_bytes = config.max_message_mb * 1024 * 1024
         self.server = grpc.server(

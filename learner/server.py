@@ -19,6 +19,7 @@ import numpy as np
 
 from fleetrl import PROTOCOL_VERSION
 from fleetrl.learner.env_state_store import EnvStateStore
+from fleetrl.learner.group_scores import GroupScores
 from fleetrl.learner.inference import StepRequest
 from fleetrl.learner.inference_batcher import BatcherStopped, InferenceBatcher
 from fleetrl.learner.metrics import EpisodeWindow, ScalarMeans
@@ -44,6 +45,7 @@ class ServedRun:
     finished_reason: Callable[[], str]
     policy_version: Callable[[], int]
     max_envs_per_actor: int
+    group_scores: GroupScores | None = None
 
 
 class LearnerService(pb_grpc.LearnerServicer):
@@ -83,6 +85,8 @@ class LearnerService(pb_grpc.LearnerServicer):
             self._reject(context, grpc.StatusCode.ALREADY_EXISTS,
                          f"actor id {handshake.actor_id!r} is already connected; give each actor its own --actor_id")
         slots = self.run.store.allocate(handshake.num_envs)
+        if self.run.group_scores is not None:
+            self.run.group_scores.add_actor(slots)
         try:
             yield pb.LearnerMessage(accepted=pb.HandshakeAccepted(
                 run_name=self.run.problem, policy_version=self.run.policy_version()))
@@ -108,6 +112,8 @@ class LearnerService(pb_grpc.LearnerServicer):
             if self.run.finished.is_set():
                 yield pb.LearnerMessage(finished=pb.RunFinished(reason=self.run.finished_reason()))
         finally:
+            if self.run.group_scores is not None:
+                self.run.group_scores.remove_actor(slots)
             self.run.store.release(slots)
             with self._actors_lock:
                 self._actors.discard(handshake.actor_id)
@@ -133,6 +139,9 @@ class LearnerService(pb_grpc.LearnerServicer):
         if not 0 < handshake.num_envs <= self.run.max_envs_per_actor:
             return (f"the handshake has num_envs = {handshake.num_envs}; this learner takes 1 to "
                     f"{self.run.max_envs_per_actor} envs per actor (--max_envs_per_actor)")
+        group_size = self.run.group_scores.group_size if self.run.group_scores is not None else 1
+        if handshake.num_envs % group_size:
+            return f"the handshake has num_envs = {handshake.num_envs}, not a multiple of group_size {group_size}"
         try:
             observations = tuple(TensorSpec.from_proto(s) for s in handshake.observation_spec)
             actions = tuple(TensorSpec.from_proto(s) for s in handshake.action_spec)

@@ -26,6 +26,9 @@ STEP_FIELDS: dict[str, torch.dtype] = {
     "policy_version": torch.int64,
     # The step belongs to a teacher-forced episode: the oracle's action was executed.
     "teacher_forcing": torch.bool,
+    # Which env slot and which of its episodes the step belongs to (GRPO groups by them).
+    "slot": torch.int64,
+    "episode_index": torch.int64,
 }
 
 
@@ -43,7 +46,11 @@ class UnrollBatch:
     behaviour_value: torch.Tensor
     policy_version: torch.Tensor
     teacher_forcing: torch.Tensor
+    slot: torch.Tensor
+    episode_index: torch.Tensor
     initial_state: Any
+    # GRPO only: each step's episode return, normalized within its group.
+    group_advantage: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -57,16 +64,17 @@ class UnrollBatch:
             observation={k[4:]: v for k, v in tm.items() if k.startswith("obs/")},
             action={k[7:]: v for k, v in tm.items() if k.startswith("action/")},
             initial_state=initial_state,
+            group_advantage=tm.get("group_advantage"),
             **{k: tm[k] for k in STEP_FIELDS},
         )
 
     def select(self, index: torch.Tensor) -> "UnrollBatch":
         """The unrolls at `index` (along B)."""
-        pick = lambda x: x[:, index]  # noqa: E731
+        pick = lambda x: None if x is None else x[:, index]  # noqa: E731
         fields = {f.name: pytree.tree_map(pick, getattr(self, f.name))
                   for f in dataclasses.fields(self) if f.name != "initial_state"}
         return UnrollBatch(**fields, initial_state=pytree.tree_map(lambda s: s[index], self.initial_state))
 
     def to(self, device: torch.device | str) -> "UnrollBatch":
-        move = lambda x: x.to(device, non_blocking=True)  # noqa: E731
+        move = lambda x: None if x is None else x.to(device, non_blocking=True)  # noqa: E731
         return UnrollBatch(**{f.name: pytree.tree_map(move, getattr(self, f.name)) for f in dataclasses.fields(self)})

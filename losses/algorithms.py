@@ -15,6 +15,7 @@ Register a new one with `ALGORITHMS["name"] = MyAlgorithm()`; select it with
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING
 
 import torch
@@ -103,7 +104,31 @@ class PPO(Algorithm):
         )
 
 
-ALGORITHMS: dict[str, Algorithm] = {"vtrace": VTrace(), "ppo": PPO(), "supervised": Supervised()}
+class GRPO(Algorithm):
+    """Group-relative policy optimization for envs (as RLinf runs it): PPO's clipped objective
+    on each episode's return normalized within its group (`fleetrl.learner.group_scores`),
+    with no value function. Needs group_size > 1.
+
+    Its unrolls wait for whole group episodes, so its data is older than PPO's: one pass
+    of one minibatch per batch (the default) keeps the policy lag low."""
+
+    def prepare(self, problem, batch):
+        if batch.group_advantage is None:
+            raise ValueError("GRPO needs group advantages: set group_size > 1 in the Problem's config")
+        return {**super().prepare(problem, batch), "advantages": batch.group_advantage[:-1]}
+
+    def rl_loss(self, problem, outputs, batch, prepared):
+        no_value = torch.zeros_like(prepared["advantages"])
+        return ppo_loss(
+            log_probs=problem.action_log_prob(outputs, batch.action)[:-1],
+            old_log_probs=batch.behaviour_log_prob[:-1], advantages=prepared["advantages"],
+            values=no_value, old_values=no_value, returns=no_value, entropy=problem.entropy(outputs)[:-1],
+            valid=prepared["valid"],
+            config=dataclasses.replace(problem.config, baseline_cost=0.0, normalize_advantages=False),
+        )
+
+
+ALGORITHMS: dict[str, Algorithm] = {"vtrace": VTrace(), "ppo": PPO(), "grpo": GRPO(), "supervised": Supervised()}
 
 
 def get_algorithm(name: str) -> Algorithm:

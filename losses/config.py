@@ -12,7 +12,8 @@ import dataclasses
 
 @dataclasses.dataclass
 class LossConfig:
-    # The training algorithm, by registered name: vtrace, ppo (see fleetrl.losses.algorithms).
+    # The training algorithm, by registered name: vtrace, ppo, grpo, supervised
+    # (see fleetrl.losses.algorithms).
     algorithm: str = "vtrace"
     discount: float = 0.99
     entropy_cost: float = 0.01
@@ -37,8 +38,12 @@ class LossConfig:
     value_huber_delta: float | None = None
     normalize_advantages: bool = True
 
+    # GRPO: envs per group. A group's members start each episode from the same reset seed,
+    # and each episode's advantage is its return normalized within the group.
+    group_size: int = 1
+
     # Passes over each batch of unrolls: epochs of `minibatches` minibatches (split across
     # unrolls, so recurrent agents keep whole unrolls). None: the algorithm's default
-    # (V-trace 1 x 1, PPO 4 x 4).
+    # (V-trace and GRPO 1 x 1, PPO 4 x 4).
     epochs: int | None = None
     minibatches: int | None = None

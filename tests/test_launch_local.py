@@ -126,6 +126,15 @@ def test_mixing_teacher_forcing_into_rl_beats_pure_rl_at_equal_env_steps(tmp_pat
 
 
 @pytest.mark.slow
+def test_grpo_learns_cartpole_without_a_value_function(tmp_path):
+    process, tag = start_local(tmp_path, "--problem=cartpole", "--hparams=algorithm=grpo,group_size=8", "--seed=1",
+                               "--total_env_steps=400000", "--target_mean_return=200")
+    code, output = finish(process, tag)
+    assert code == 0, output
+    assert json.loads((tmp_path / "summary.json").read_text())["target_reached"], output
+
+
+@pytest.mark.slow
 def test_the_recurrent_agent_learns_through_the_learner_side_state(tmp_path):
     process, tag = start_local(tmp_path, "--problem=cartpole_lstm", "--num_actors=2", "--envs_per_actor=16",
                                "--seed=1", "--total_env_steps=500000", "--target_mean_return=100")

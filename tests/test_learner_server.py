@@ -105,3 +105,14 @@ def test_finished_run_tells_actors_so(learner):
         assert reply.WhichOneof("kind") == "finished" and reply.finished.reason == "enough"
     finally:
         actor.close()
+
+
+def test_grpo_learners_refuse_actors_whose_envs_do_not_form_whole_groups(tmp_path):
+    with running_learner(tmp_path, hparams={"algorithm": "grpo", "group_size": "4"}) as learner:
+        code, details = rejection(learner, handshake(num_envs=6))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "not a multiple of group_size 4" in details
+        actor = RawActor(learner.address)
+        try:
+            assert actor.send(handshake(num_envs=8)).WhichOneof("kind") == "accepted"
+        finally:
+            actor.close()
