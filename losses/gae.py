@@ -16,6 +16,8 @@ import dataclasses
 
 import torch
 
+from fleetrl.losses.backward_scan import discounted_backward_sum
+
 
 @dataclasses.dataclass
 class GAEReturns:
@@ -28,14 +30,5 @@ def gae(rewards: torch.Tensor, discounts: torch.Tensor, values: torch.Tensor, bo
         lambda_: float, valid: torch.Tensor | None = None) -> GAEReturns:
     next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
     deltas = rewards + discounts * next_values - values
-    trace = discounts * lambda_
-    if valid is not None:
-        deltas = deltas * valid
-        trace = trace * valid
-    advantage = torch.zeros_like(bootstrap_value)
-    advantages = []
-    for t in reversed(range(values.shape[0])):
-        advantage = deltas[t] + trace[t] * advantage
-        advantages.append(advantage)
-    advantages = torch.stack(advantages[::-1], dim=0)
+    advantages = discounted_backward_sum(deltas, discounts * lambda_, valid)
     return GAEReturns(advantages=advantages, returns=advantages + values)

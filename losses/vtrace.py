@@ -19,6 +19,7 @@ import dataclasses
 
 import torch
 
+from fleetrl.losses.backward_scan import discounted_backward_sum
 from fleetrl.losses.config import LossConfig
 
 
@@ -39,18 +40,8 @@ def vtrace_returns(log_rhos: torch.Tensor, discounts: torch.Tensor, rewards: tor
     cs = lambda_ * torch.clamp(rhos, max=c_bar)
     next_values = torch.cat([values[1:], bootstrap_value.unsqueeze(0)], dim=0)
     deltas = clipped_rhos * (rewards + discounts * next_values - values)
-    trace_discounts = discounts * cs
-    if valid is not None:
-        deltas = deltas * valid
-        trace_discounts = trace_discounts * valid
-
-    # acc_t = delta_t + gamma_t c_t acc_{t+1}, backwards from acc_T = 0.
-    acc = torch.zeros_like(bootstrap_value)
-    vs_minus_v = []
-    for t in reversed(range(values.shape[0])):
-        acc = deltas[t] + trace_discounts[t] * acc
-        vs_minus_v.append(acc)
-    vs = values + torch.stack(vs_minus_v[::-1], dim=0)
+    # vs_t - V_t = delta_t + gamma_t c_t (vs_{t+1} - V_{t+1})
+    vs = values + discounted_backward_sum(deltas, discounts * cs, valid)
 
     next_vs = torch.cat([vs[1:], bootstrap_value.unsqueeze(0)], dim=0)
     pg_advantages = torch.clamp(rhos, max=pg_rho_bar) * (rewards + discounts * next_vs - values)

@@ -53,6 +53,16 @@ def finish(process, tag, timeout=600):
     return process.returncode, output
 
 
+def train_to_target(logdir, *flags, **kwargs) -> dict:
+    """Runs launch.local, checks it exited 0 having reached --target_mean_return; returns summary.json."""
+    process, tag = start_local(logdir, *flags, **kwargs)
+    code, output = finish(process, tag)
+    assert code == 0, output
+    summary = json.loads((pathlib.Path(logdir) / "summary.json").read_text())
+    assert summary["target_reached"], output
+    return summary
+
+
 def read_scalars(logdir) -> dict[str, list[float]]:
     events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     events.Reload()
@@ -85,12 +95,9 @@ def test_cartpole_learns_and_writes_summaries(tmp_path):
 
 @pytest.mark.slow
 def test_ppo_solves_cartpole_within_500k_env_steps(tmp_path):
-    process, tag = start_local(tmp_path, "--problem=cartpole", "--hparams=algorithm=ppo", "--seed=1",
-                               "--batch_size=32", "--unroll_length=16", "--block_inference_on_training",
-                               "--total_env_steps=500000", "--target_mean_return=475", "--summary_interval_s=1")
-    code, output = finish(process, tag)
-    assert code == 0, output
-    assert json.loads((tmp_path / "summary.json").read_text())["target_reached"], output
+    train_to_target(tmp_path, "--problem=cartpole", "--hparams=algorithm=ppo", "--seed=1", "--batch_size=32",
+                    "--unroll_length=16", "--block_inference_on_training", "--total_env_steps=500000",
+                    "--target_mean_return=475", "--summary_interval_s=1")
     scalars = read_scalars(tmp_path)
     for name in ["ppo/approx_kl", "ppo/clip_fraction", "value/explained_variance", "loss/value", "learner/policy_lag"]:
         assert scalars.get(name) and all(math.isfinite(v) for v in scalars[name]), name
@@ -100,12 +107,9 @@ def test_ppo_solves_cartpole_within_500k_env_steps(tmp_path):
 @pytest.mark.slow
 def test_a_gaussian_policy_learns_pendulum(tmp_path):
     """Continuous actions with PPO; a random policy averages about -1,250."""
-    process, tag = start_local(tmp_path, "--problem=pendulum", "--seed=1", "--envs_per_actor=16",
-                               "--batch_size=32", "--unroll_length=32", "--block_inference_on_training",
-                               "--total_env_steps=300000", "--target_mean_return=-700")
-    code, output = finish(process, tag)
-    assert code == 0, output
-    assert json.loads((tmp_path / "summary.json").read_text())["target_reached"], output
+    train_to_target(tmp_path, "--problem=pendulum", "--seed=1", "--envs_per_actor=16", "--batch_size=32",
+                    "--unroll_length=32", "--block_inference_on_training", "--total_env_steps=300000",
+                    "--target_mean_return=-700")
 
 
 @pytest.mark.slow
@@ -127,20 +131,14 @@ def test_mixing_teacher_forcing_into_rl_beats_pure_rl_at_equal_env_steps(tmp_pat
 
 @pytest.mark.slow
 def test_grpo_learns_cartpole_without_a_value_function(tmp_path):
-    process, tag = start_local(tmp_path, "--problem=cartpole", "--hparams=algorithm=grpo,group_size=8", "--seed=1",
-                               "--total_env_steps=400000", "--target_mean_return=200")
-    code, output = finish(process, tag)
-    assert code == 0, output
-    assert json.loads((tmp_path / "summary.json").read_text())["target_reached"], output
+    train_to_target(tmp_path, "--problem=cartpole", "--hparams=algorithm=grpo,group_size=8", "--seed=1",
+                    "--total_env_steps=400000", "--target_mean_return=200")
 
 
 @pytest.mark.slow
 def test_the_recurrent_agent_learns_through_the_learner_side_state(tmp_path):
-    process, tag = start_local(tmp_path, "--problem=cartpole_lstm", "--num_actors=2", "--envs_per_actor=16",
-                               "--seed=1", "--total_env_steps=500000", "--target_mean_return=100")
-    code, output = finish(process, tag)
-    assert code == 0, output
-    assert json.loads((tmp_path / "summary.json").read_text())["target_reached"], output
+    train_to_target(tmp_path, "--problem=cartpole_lstm", "--num_actors=2", "--envs_per_actor=16", "--seed=1",
+                    "--total_env_steps=500000", "--target_mean_return=100")
 
 
 USER_PROBLEM = '''
