@@ -62,8 +62,7 @@ class Agent(nn.Module):
         )
         neck_outs = []
         for t in range(num_steps):
-            step_obs = pytree.tree_map(lambda x: x[t], observation)
-            state = self._reset_where_first(state, first[t], step_obs)
+            state = self._reset_where_first(state, first[t], observation, t)
             out, state = self.neck(pytree.tree_map(lambda x: x[t], torso_out), state)
             neck_outs.append(out)
         neck_out = pytree.tree_map(lambda *xs: torch.cat(xs, dim=0), *neck_outs)
@@ -76,11 +75,12 @@ class Agent(nn.Module):
         out, state = self.unroll(obs, first.unsqueeze(0), state)
         return {k: v.squeeze(0) for k, v in out.items()}, state
 
-    def _reset_where_first(self, state: State, first: torch.Tensor, observation: Observation) -> State:
+    def _reset_where_first(self, state: State, first: torch.Tensor, observation: Observation, t: int) -> State:
+        """Replaces the state of the envs that start an episode at step t ([T, B] observation)."""
         # initial_state may be expensive (an instruction encoder), so it runs only on the
         # envs that start an episode, and only when one does.
         if not pytree.tree_leaves(state) or not bool(first.any()):
             return state
         index = first.nonzero(as_tuple=True)[0]
-        fresh = self.initial_state(pytree.tree_map(lambda x: x[index], observation))
+        fresh = self.initial_state(pytree.tree_map(lambda x: x[t, index], observation))
         return pytree.tree_map(lambda s, f: s.index_copy(0, index, f.to(s.dtype)), state, fresh)

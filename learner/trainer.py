@@ -52,9 +52,14 @@ class Trainer:
             lag = self.policy.version - batch.policy_version[:-1].float().mean()
             prepared = self.algorithm.prepare(self.problem, batch)
             for _ in range(self.epochs):
-                order = torch.randperm(batch.batch_size, generator=self._shuffle).to(self.device)
-                for index in order.chunk(self.minibatches):
-                    step_logs = self._step(batch.select(index), {k: v[:, index] for k, v in prepared.items()})
+                if self.minibatches == 1:  # the whole batch: no shuffle, no copy
+                    minibatches = [(batch, prepared)]
+                else:
+                    order = torch.randperm(batch.batch_size, generator=self._shuffle).to(self.device)
+                    minibatches = [(batch.select(i), {k: v[:, i] for k, v in prepared.items()})
+                                   for i in order.chunk(self.minibatches)]
+                for minibatch, minibatch_prepared in minibatches:
+                    step_logs = self._step(minibatch, minibatch_prepared)
                     for name, value in step_logs.items():
                         logs[name] = logs.get(name, 0.0) + value / (self.epochs * self.minibatches)
         self.last_policy_lag = float(lag)
