@@ -73,3 +73,13 @@ def test_actors_can_reach_the_learner_over_a_unix_socket(serving_learner, tmp_pa
     actors = run_actors(learner, learner.address, num_actors=1, steps=2 * T + 1)
     assert actors[0].steps_sent == 2 * T + 1
     assert learner.unrolls.qsize() == 3 * 2  # 3 envs, 2 unrolls each
+
+
+def test_an_actor_can_step_its_envs_in_subprocesses(serving_learner):
+    learner = serving_learner("cartpole", "127.0.0.1:0")
+    problem = load_problem(learner.config.problem, learner.config.hparams)
+    actor = Actor(ActorConfig(learner_address=learner.address, problem="cartpole", num_envs=3, actor_id="async",
+                              async_envs=True), problem)
+    actor.run(max_steps=2 * T + 1)
+    assert actor.steps_sent == 2 * T + 1
+    assert learner.unrolls.qsize() == 3 * 2
