@@ -29,8 +29,9 @@ class GroupScores:
         self._lock = threading.Lock()
         self._next_group = 0
         self._group_of: dict[int, int] = {}  # slot -> group id
-        self._episode: dict[int, int] = {}  # slot -> index of its current episode
-        self._return: dict[int, float] = {}  # slot -> return so far of its current episode
+        # Per slot, indexed by slot: the index and the return so far of its current episode.
+        self._episode = np.zeros(0, np.int64)
+        self._return = np.zeros(0, np.float64)
         self._scores: dict[tuple[int, int], dict[int, float]] = {}  # (group, episode) -> {slot: score}
         self._advantages: dict[tuple[int, int], float] = {}  # (slot, episode) -> advantage
         self._waiting: list[Unroll] = []
@@ -40,9 +41,13 @@ class GroupScores:
     def add_actor(self, slots: np.ndarray) -> None:
         """Groups an actor's slots, in env-index order."""
         with self._lock:
+            if slots.max() >= len(self._episode):
+                grow = int(slots.max()) + 1 - len(self._episode)
+                self._episode = np.concatenate([self._episode, np.zeros(grow, np.int64)])
+                self._return = np.concatenate([self._return, np.zeros(grow)])
             for i, slot in enumerate(slots.tolist()):
                 self._group_of[slot] = self._next_group + i // self.group_size
-                self._episode[slot], self._return[slot] = -1, 0.0
+            self._episode[slots], self._return[slots] = -1, 0.0
             self._next_group += len(slots) // self.group_size
 
     def remove_actor(self, slots: np.ndarray) -> None:
@@ -55,24 +60,17 @@ class GroupScores:
             self._scores = {k: v for k, v in self._scores.items() if k[0] not in groups}
             self._advantages = {k: v for k, v in self._advantages.items() if k[0] not in gone}
             for slot in gone:
-                self._episode.pop(slot, None)
-                self._return.pop(slot, None)
                 self._oldest.pop(slot, None)
 
     def observe(self, slots: np.ndarray, first: np.ndarray, reward: np.ndarray, ended: np.ndarray) -> np.ndarray:
         """Accounts for one step of `slots`; returns the episode index of each step."""
         scored = False
         with self._lock:
-            episodes = np.empty(len(slots), np.int64)
-            for i, slot in enumerate(slots.tolist()):
-                if first[i]:
-                    self._episode[slot] += 1
-                    self._return[slot] = 0.0
-                else:
-                    self._return[slot] += float(reward[i])
-                episodes[i] = self._episode[slot]
-                if ended[i]:
-                    scored |= self._score(slot, episodes[i], self._return[slot])
+            self._episode[slots] += first
+            self._return[slots] = np.where(first, 0.0, self._return[slots] + reward)
+            episodes = self._episode[slots]
+            for slot in slots[ended].tolist():
+                scored |= self._score(slot, int(self._episode[slot]), float(self._return[slot]))
         if scored:  # only a newly scored group can release waiting unrolls
             self._release()
         return episodes
