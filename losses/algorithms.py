@@ -66,6 +66,7 @@ class Supervised(Algorithm):
     """Teacher forcing alone: no RL loss (use with teacher_forcing_fraction=1)."""
 
     def rl_loss(self, problem, outputs, batch, prepared):
+        # Zero, but tied to the outputs, so that a batch without forced steps still backpropagates.
         return sum(v.sum() for v in outputs.values()) * 0.0, {}
 
 

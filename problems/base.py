@@ -4,7 +4,7 @@ A Problem is everything task-specific, in one place that fits on a page:
 
 - actor side: `make_env` and `episode_metrics` (actors never build an agent);
 - learner side: `make_agent`, `make_optimizer`, the action distribution,
-  `select_actor_action` and `loss`.
+  `select_actor_action`, and the training `algorithm` (see fleetrl.losses.algorithms).
 
 A Problem holds its config and nothing else: no counters, no buffers, no RNG. All run
 state lives in the learner and actor, so a Problem can be rebuilt anywhere from its name

@@ -1,8 +1,5 @@
 """Gaussian policies with bounded actions: exact log-probs under tanh squashing and clipping."""
 
-import math
-
-import numpy as np
 import pytest
 import torch
 from torch.distributions import Normal
