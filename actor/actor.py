@@ -1,5 +1,9 @@
 """The actor loop: step N envs, send one Step message, receive actions, repeat.
 
+In eval mode the actor instead asks the learner for episodes of the eval set
+(GetEvalWork), plays them (`eval_episodes.EvalEpisodes`) with the learner's
+deterministic actions, and asks again.
+
 The actor holds no model and no trajectory: the learner keeps every env's recurrent state
 and partial unroll. If the stream breaks because the learner is unreachable, the actor
 reconnects with exponential backoff and jitter, resending the step that was not answered,
@@ -23,12 +27,13 @@ import numpy as np
 from fleetrl import PROTOCOL_VERSION
 from fleetrl.actor.config import ActorConfig
 from fleetrl.actor.episode_tracker import EpisodeTracker
+from fleetrl.actor.eval_episodes import EvalEpisodes, Pending
 from fleetrl.envs.vector import make_vector_env
 from fleetrl.problems.base import Problem
 from fleetrl.problems.registry import load_problem
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
-from fleetrl.proto.tensors import decode_all, encode_all
+from fleetrl.proto.tensors import decode_all, encode, encode_all
 
 log = logging.getLogger(__name__)
 
@@ -58,13 +63,31 @@ class Actor:
             problem_name, problem = self.config.problem or self._problem.name, self._problem
         else:
             problem_name, problem = self._problem_from_learner()
-        envs = make_vector_env(problem.make_env, self.config.num_envs, self.config.async_envs,
+        if self.config.mode not in ("train", "eval"):
+            raise ActorError(f"unknown actor mode {self.config.mode!r}; use train or eval")
+        if self.config.mode == "eval":
+            episodes = EvalEpisodes(problem, self.config.num_envs)
+            try:
+                self._evaluate(problem_name, problem, episodes, max_steps)
+            finally:
+                episodes.close()
+                self._channel.close()
+            return
+        envs = make_vector_env(problem.make_actor_env, self.config.num_envs, self.config.async_envs,
                                problem.config.group_size, self.config.seed)
         try:
             self._act(problem_name, problem, envs, max_steps)
         finally:
             envs.close()
             self._channel.close()
+
+    def _handshake(self, problem_name: str, problem: Problem, mode: int) -> pb.Handshake:
+        return pb.Handshake(
+            protocol_version=PROTOCOL_VERSION, problem=problem_name, actor_id=self.actor_id,
+            num_envs=self.config.num_envs, mode=mode,
+            observation_spec=[s.to_proto() for s in problem.observation_specs()],
+            action_spec=[s.to_proto() for s in problem.action_specs()],
+        )
 
     def _problem_from_learner(self) -> tuple[str, Problem]:
         info = self._with_retries(lambda: self._stub.GetRunInfo(pb.RunInfoRequest(), wait_for_ready=True, timeout=5))
@@ -81,13 +104,10 @@ class Actor:
         run_ids = np.array([secrets.randbits(63) | 1 for _ in range(n)], np.uint64)
         tracker = EpisodeTracker(n, problem.episode_metrics)
         action_specs = problem.action_specs()
-        handshake = pb.Handshake(
-            protocol_version=PROTOCOL_VERSION, problem=problem_name,
-            actor_id=self.actor_id, num_envs=n,
-            observation_spec=[s.to_proto() for s in problem.observation_specs()],
-            action_spec=[s.to_proto() for s in action_specs],
-        )
-        step = _step_message(obs, np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), run_ids, [])
+        handshake = self._handshake(problem_name, problem, pb.TRAIN)
+        chunk_size = problem.config.chunk_size
+        step = _step_message(obs, np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), run_ids, [],
+                             _chunk_results({}, n, chunk_size))
 
         def session(requests: queue.SimpleQueue) -> bool:
             """One stream; returns True when the learner ended the run."""
@@ -110,7 +130,52 @@ class Actor:
                     env_actions = actions[action_specs[0].name] if len(action_specs) == 1 else actions
                     obs, reward, terminated, truncated, info = envs.step(env_actions)
                     episodes = tracker.update(reward, terminated, truncated, info)
-                    step = _step_message(obs, reward, terminated, truncated, run_ids, episodes)
+                    step = _step_message(obs, reward, terminated, truncated, run_ids, episodes,
+                                         _chunk_results(info, n, chunk_size))
+                return True
+            finally:
+                requests.put(None)
+                responses.cancel()
+
+        def attempt() -> bool:
+            requests: queue.SimpleQueue = queue.SimpleQueue()
+            requests.put(pb.ActorMessage(handshake=handshake))
+            return session(requests)
+
+        self._with_retries(attempt)
+
+    def _evaluate(self, problem_name: str, problem: Problem, episodes: EvalEpisodes, max_steps: int | None) -> None:
+        n, action_specs = self.config.num_envs, problem.action_specs()
+        run_ids = np.array([secrets.randbits(63) | 1 for _ in range(n)], np.uint64)
+        handshake = self._handshake(problem_name, problem, pb.EVAL)
+
+        def session(requests: queue.SimpleQueue) -> bool:
+            episodes.abandon()  # after a reconnect the learner has handed our episodes to others
+            responses = self._stub.Stream(_drain(requests))
+            try:
+                if next(responses).WhichOneof("kind") == "finished":
+                    return True
+                log.info("connected to %s as eval actor %s", self.config.learner_address, self.actor_id)
+                while max_steps is None or self.steps_sent < max_steps:
+                    work = self._stub.GetEvalWork(pb.EvalWorkRequest(actor_id=self.actor_id, max_episodes=n),
+                                                  timeout=30)
+                    if work.finished:
+                        return True
+                    if not work.episodes:
+                        time.sleep(work.retry_after_s)
+                        continue
+                    log.info("eval round %d at policy version %d: episodes %s", work.round, work.policy_version,
+                             list(work.episodes))
+                    episodes.start(work.episodes)
+                    while episodes.playing:
+                        pending = episodes.pending()
+                        requests.put(pb.ActorMessage(step=_eval_step_message(pending, run_ids)))
+                        reply = next(responses, None)
+                        if reply is None or reply.WhichOneof("kind") == "finished":
+                            return True
+                        self.steps_sent += 1
+                        episodes.advance(pending, decode_all(reply.actions.actions, action_specs,
+                                                             len(pending.env_indices), "action"))
                 return True
             finally:
                 requests.put(None)
@@ -152,11 +217,38 @@ def _drain(requests: queue.SimpleQueue) -> Iterator[pb.ActorMessage]:
         yield item
 
 
-def _step_message(obs, reward, terminated, truncated, run_ids, episodes) -> pb.Step:
+def _eval_step_message(pending: Pending, run_ids: np.ndarray) -> pb.Step:
+    indices = pending.env_indices
+    step = _step_message(pending.observation, pending.reward, pending.terminated, pending.truncated, run_ids[indices],
+                         [], None if pending.action_rewards is None else (pending.action_rewards,
+                                                                          pending.actions_executed))
+    del step.env_indices[:]
+    step.env_indices.extend(indices.tolist())
+    step.finished_episodes.extend(pb.EpisodeStats(env_index=e.env_index, metrics=e.metrics, eval_episode=e.episode)
+                                  for e in pending.finished)
+    return step
+
+
+def _chunk_results(info: dict, n: int, chunk_size: int) -> tuple[np.ndarray, np.ndarray] | None:
+    """Per-action rewards and executed counts from `ActionChunks`' infos; envs that just
+    reset report none, which the vector env fills with zeros."""
+    if chunk_size == 1:
+        return None
+    return (np.asarray(info.get("action_rewards", np.zeros((n, chunk_size))), np.float32),
+            np.asarray(info.get("actions_executed", np.zeros(n)), np.int64))
+
+
+def _step_message(obs, reward, terminated, truncated, run_ids, episodes,
+                  chunk_results: tuple[np.ndarray, np.ndarray] | None = None) -> pb.Step:
     n = len(run_ids)
     observations = obs if isinstance(obs, dict) else {"observation": obs}
-    return pb.Step(
+    step = pb.Step(
         env_indices=range(n), run_ids=run_ids.tolist(), observations=encode_all(observations),
         rewards=np.asarray(reward, np.float32).tolist(), terminated=np.asarray(terminated, bool).tolist(),
         truncated=np.asarray(truncated, bool).tolist(), finished_episodes=episodes,
     )
+    if chunk_results is not None:
+        action_rewards, executed = chunk_results
+        step.action_rewards.CopyFrom(encode("action_rewards", action_rewards))
+        step.actions_executed.extend(executed.tolist())
+    return step

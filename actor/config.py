@@ -11,6 +11,9 @@ class ActorConfig:
     # None: ask the learner which Problem (and hparams) it serves.
     problem: str | None = None
     hparams: dict[str, str] = dataclasses.field(default_factory=dict)
+    # "train" sends experience to the trainer; "eval" plays the learner's eval rounds
+    # deterministically and sends only episode metrics (see fleetrl.learner.eval_rounds).
+    mode: str = "train"
     num_envs: int = 32
     # Unique per connected actor; empty means hostname:pid.
     actor_id: str = ""

@@ -10,8 +10,9 @@ exact log-prob of the action the env actually receives:
   (Fujita & Maeda 2018); inside, the Normal density.
 
 Both sum over action dimensions (an independent Gaussian per dimension), so `log_prob`
-and `entropy` return one value per batch entry. Entropy is the base Normal's: the
-squashed one has no closed form.
+and `entropy` return one value per batch entry; `log_prob_per_dimension` and
+`entropy_per_dimension` keep the last dimension (token-level log-probs of action chunks).
+Entropy is the base Normal's: the squashed one has no closed form.
 """
 
 from __future__ import annotations
@@ -44,13 +45,19 @@ class SquashedNormal(Distribution):
     def mode(self) -> torch.Tensor:
         return (self.high + self.low) / 2 + (self.high - self.low) / 2 * torch.tanh(self.base.mean)
 
-    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+    def log_prob_per_dimension(self, value: torch.Tensor) -> torch.Tensor:
         margin = (self.high - self.low) / 2 * _EDGE
         value = torch.maximum(torch.minimum(value, self.high - margin), self.low + margin)
-        return self._squashed.log_prob(value).sum(-1)
+        return self._squashed.log_prob(value)
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        return self.log_prob_per_dimension(value).sum(-1)
+
+    def entropy_per_dimension(self) -> torch.Tensor:
+        return self.base.entropy()
 
     def entropy(self) -> torch.Tensor:
-        return self.base.entropy().sum(-1)
+        return self.entropy_per_dimension().sum(-1)
 
 
 class ClippedNormal(Distribution):
@@ -69,17 +76,22 @@ class ClippedNormal(Distribution):
     def mode(self) -> torch.Tensor:
         return torch.maximum(torch.minimum(self.base.mean, self.high), self.low)
 
-    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+    def log_prob_per_dimension(self, value: torch.Tensor) -> torch.Tensor:
         z_low = (self.low - self.base.mean) / self.base.stddev
         z_high = (self.high - self.base.mean) / self.base.stddev
         inside = self.base.log_prob(value)
         below = torch.special.log_ndtr(z_low)
         above = torch.special.log_ndtr(-z_high)
-        log_p = torch.where(value <= self.low, below, torch.where(value >= self.high, above, inside))
-        return log_p.sum(-1)
+        return torch.where(value <= self.low, below, torch.where(value >= self.high, above, inside))
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        return self.log_prob_per_dimension(value).sum(-1)
+
+    def entropy_per_dimension(self) -> torch.Tensor:
+        return self.base.entropy()
 
     def entropy(self) -> torch.Tensor:
-        return self.base.entropy().sum(-1)
+        return self.entropy_per_dimension().sum(-1)
 
 
 def bounded_normal(kind: str, mean: torch.Tensor, log_std: torch.Tensor, low, high) -> Distribution:

@@ -85,7 +85,7 @@ def in_process() -> tuple[float, int]:
     store = build_state_store(problem, agent, FLAGS.unroll_length, torch.device("cpu"))
     unrolls: list = []
     inference = InferenceStep(problem, agent, policy, store, lambda u: unrolls.append(u) or True, torch.device("cpu"))
-    envs = make_vector_env(problem.make_env, num_envs)
+    envs = make_vector_env(problem.make_actor_env, num_envs)
     obs, _ = envs.reset(seed=list(range(num_envs)))
     slots, run_ids = store.allocate(num_envs), np.arange(1, num_envs + 1, dtype=np.uint64)
     reward, terminated, truncated = np.zeros(num_envs, np.float32), np.zeros(num_envs, bool), np.zeros(num_envs, bool)

@@ -42,6 +42,14 @@ HELP = {
     "actor_id": "Unique id of this actor; default hostname:pid.",
     "async_envs": "Step envs in subprocesses (for heavy simulators).",
     "max_reconnect_s": "Give up (exit non-zero) after this long without reaching the learner.",
+    "mode": "train: send experience to the trainer; eval: play the learner's eval rounds deterministically.",
+    "eval_interval_s": "Eval rounds (the Problem's eval set, played by eval actors) start at most this often.",
+    "checkpoint_interval_s": "Write a checkpoint this often, in seconds (0: off); one is always written at the end.",
+    "checkpoint_every_steps": "Also write one every this many trainer steps (0: off).",
+    "keep_checkpoints": "Periodic checkpoints kept in <logdir>/checkpoints (best.pt is kept apart).",
+    "best_metric": "Eval episode metric whose best round's weights go to checkpoints/best.pt.",
+    "best_mode": "max or min: which way best_metric is better.",
+    "init_checkpoint": "Warm start: load only the weights of this checkpoint into a new run.",
 }
 
 

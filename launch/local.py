@@ -1,6 +1,6 @@
 """Everything on one machine: `python -m fleetrl.launch.local --problem=cartpole`.
 
-Starts the learner and --num_actors actor processes (and TensorBoard with
+Starts the learner, --num_actors actor processes, --num_eval_actors eval actors (and TensorBoard with
 --tensorboard_port), shows a live progress line read from the learner's GetStatus RPC,
 and stops everything when the learner ends the run, on Ctrl-C, or when a child crashes.
 Children's logs go to <logdir>/logs/. Exit code: the learner's (0, or 1 when a target
@@ -32,6 +32,8 @@ define_flags(LearnerConfig, skip=("bind",))
 flags.DEFINE_integer("num_actors", 2, "Actor processes to start.")
 flags.DEFINE_integer("envs_per_actor", 32, "Envs each actor steps.")
 flags.DEFINE_boolean("async_envs", False, "Actors step their envs in subprocesses.")
+flags.DEFINE_integer("num_eval_actors", 0, "Eval actor processes: they play the Problem's eval set each eval round.")
+flags.DEFINE_integer("eval_envs_per_actor", 8, "Envs each eval actor plays at once.")
 flags.DEFINE_float("max_reconnect_s", 60.0, "Actors give up after this long without the learner.")
 flags.DEFINE_integer("tensorboard_port", 0, "Also start TensorBoard on this port (0: don't).")
 flags.DEFINE_float("progress_interval_s", 1.0, "Seconds between progress updates.")
@@ -45,6 +47,8 @@ class LocalConfig:
     envs_per_actor: int
     async_envs: bool
     max_reconnect_s: float
+    num_eval_actors: int
+    eval_envs_per_actor: int
     tensorboard_port: int
     progress_interval_s: float
 
@@ -75,12 +79,19 @@ def launch(config: LocalConfig) -> int:
                 actor_id=f"local-{i}", seed=learner_cfg.seed * 1000 + i, async_envs=config.async_envs,
                 max_reconnect_s=config.max_reconnect_s))], os.path.join(logs, f"actor-{i}.log"))
             for i in range(config.num_actors)
+        ] + [
+            children.start(f"eval-actor-{i}", python + ["fleetrl.launch.actor", *to_argv(ActorConfig(
+                learner_address=address, problem=learner_cfg.problem, num_envs=config.eval_envs_per_actor,
+                actor_id=f"local-eval-{i}", mode="eval", max_reconnect_s=config.max_reconnect_s))],
+                os.path.join(logs, f"eval-actor-{i}.log"))
+            for i in range(config.num_eval_actors)
         ]
         if config.tensorboard_port and shutil.which("tensorboard"):
             children.start("tensorboard", ["tensorboard", f"--logdir={learner_cfg.logdir}",
                                            f"--port={config.tensorboard_port}"], os.path.join(logs, "tensorboard.log"))
+        evals = f", {config.num_eval_actors} eval actors" if config.num_eval_actors else ""
         print(f"fleetrl: {learner_cfg.problem} on {address}, {config.num_actors} actors x "
-              f"{config.envs_per_actor} envs; logs in {logs}")
+              f"{config.envs_per_actor} envs{evals}; logs in {logs}")
         crashed = []
         with grpc.insecure_channel(address) as channel:
             stub = pb_grpc.LearnerStub(channel)
@@ -152,6 +163,8 @@ class Progress:
         line = (f"[{status.uptime_s:5.0f}s] env steps {status.env_steps:>10,} | {status.env_steps_per_s:7,.0f}/s | "
                 f"return {ret:>6} ({status.episodes:,} eps) | lag {lag} | trainer {status.trainer_steps:,} | "
                 f"actors {status.connected_actors}")
+        if status.eval_rounds:
+            line += f" | eval return {status.eval_mean_return:.1f} @ v{status.eval_policy_version:,}"
         if self.interactive:
             sys.stdout.write("\r\033[K" + line)
             sys.stdout.flush()
@@ -174,6 +187,7 @@ def main(argv: list[str]) -> int:
     return launch(LocalConfig(
         learner=learner, num_actors=FLAGS.num_actors, envs_per_actor=FLAGS.envs_per_actor,
         async_envs=FLAGS.async_envs, max_reconnect_s=FLAGS.max_reconnect_s,
+        num_eval_actors=FLAGS.num_eval_actors, eval_envs_per_actor=FLAGS.eval_envs_per_actor,
         tensorboard_port=FLAGS.tensorboard_port, progress_interval_s=FLAGS.progress_interval_s))
 
 

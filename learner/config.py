@@ -40,3 +40,18 @@ class LearnerConfig:
     max_message_mb: int = 64
     device: str = "cpu"
     seed: int = 0
+
+    # Evaluation: eval actors (actor --mode=eval) play the Problem's eval set once per
+    # round, with the weights frozen at the round's start; a round starts at most this often.
+    eval_interval_s: float = 30.0
+    # Checkpoints in <logdir>/checkpoints: every checkpoint_interval_s seconds and/or every
+    # checkpoint_every_steps trainer steps (0: off), and at the end of the run. A restart
+    # on the same logdir resumes from the latest.
+    checkpoint_interval_s: float = 300.0
+    checkpoint_every_steps: int = 0
+    keep_checkpoints: int = 3
+    # best.pt holds the eval round with the best mean of this episode metric.
+    best_metric: str = "return"
+    best_mode: str = "max"  # or "min"
+    # Warm start: the weights (only) of this checkpoint, into a new run.
+    init_checkpoint: str = ""

@@ -91,43 +91,50 @@ class EnvStateStore:
         with self.lock:
             return self._teacher_forcing[slots].copy()
 
-    def end_step(self, slots: np.ndarray, step: Mapping[str, torch.Tensor], state_before: Any,
+    def end_step(self, slots: np.ndarray, step: Mapping[str, torch.Tensor] | None, state_before: Any,
                  state_after: Any, actions: Mapping[str, torch.Tensor], ended: np.ndarray,
                  teacher_forcing: np.ndarray | None = None) -> list[Unroll]:
-        """After inference: records the step and returns the unrolls it completed."""
+        """After inference: records the step and returns the unrolls it completed. With
+        `step` None (eval envs) only the agent state and previous action are kept."""
         with self.lock:
             if teacher_forcing is not None:
                 self._teacher_forcing[slots] = teacher_forcing
             index = torch.from_numpy(slots)
-            starting = torch.from_numpy(self._length[slots] == 0)
-            if starting.any():
-                self._write_state(self._unroll_state, index[starting], state_before, starting)
-            position = torch.from_numpy(self._length[slots])
-            for name, value in step.items():
-                self._buffers[name][index, position] = value
-            self._length[slots] += 1
-
-            completed: list[Unroll] = []
-            full = self._length[slots] == self.steps_per_unroll
-            if full.any():
-                full_t = torch.from_numpy(full)
-                done = index[full_t]
-                fields = {k: buf[done].clone() for k, buf in self._buffers.items()}
-                initial = pytree.tree_map(lambda s: s[done].clone(), self._unroll_state)
-                completed = [
-                    ({k: v[i] for k, v in fields.items()}, pytree.tree_map(lambda s: s[i:i + 1], initial))
-                    for i in range(len(done))
-                ]
-                for buf in self._buffers.values():
-                    buf[done, 0] = buf[done, -1]
-                self._write_state(self._unroll_state, done, state_before, full_t)
-                self._length[slots[full]] = 1
-
+            completed = [] if step is None else self._record(slots, index, step, state_before)
             self._write_state(self._state, index, state_after, None)
             for name, value in actions.items():
                 self._prev_action[name][index] = value.to(self._prev_action[name].dtype)
             self._ended[slots] = ended
             return completed
+
+    def _record(self, slots: np.ndarray, index: torch.Tensor, step: Mapping[str, torch.Tensor],
+                state_before: Any) -> list[Unroll]:
+        """Appends the step to each slot's partial unroll and emits the full ones, keeping
+        their last step as step 0 of the next (the overlap)."""
+        starting = torch.from_numpy(self._length[slots] == 0)
+        if starting.any():
+            self._write_state(self._unroll_state, index[starting], state_before, starting)
+        position = torch.from_numpy(self._length[slots])
+        for name, value in step.items():
+            self._buffers[name][index, position] = value
+        self._length[slots] += 1
+
+        completed: list[Unroll] = []
+        full = self._length[slots] == self.steps_per_unroll
+        if full.any():
+            full_t = torch.from_numpy(full)
+            done = index[full_t]
+            fields = {k: buf[done].clone() for k, buf in self._buffers.items()}
+            initial = pytree.tree_map(lambda s: s[done].clone(), self._unroll_state)
+            completed = [
+                ({k: v[i] for k, v in fields.items()}, pytree.tree_map(lambda s: s[i:i + 1], initial))
+                for i in range(len(done))
+            ]
+            for buf in self._buffers.values():
+                buf[done, 0] = buf[done, -1]
+            self._write_state(self._unroll_state, done, state_before, full_t)
+            self._length[slots[full]] = 1
+        return completed
 
     def _write_state(self, target: Any, index: torch.Tensor, source: Any, mask: torch.Tensor | None) -> None:
         for dst, src in zip(pytree.tree_leaves(target), pytree.tree_leaves(source)):

@@ -31,6 +31,9 @@ class StepRequest:
     reward: np.ndarray
     terminated: np.ndarray
     truncated: np.ndarray
+    # With action chunks only: [n, K] per-action rewards and [n] actions run.
+    action_rewards: np.ndarray | None = None
+    actions_executed: np.ndarray | None = None
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -57,7 +60,7 @@ class InferenceStep:
         self.group_scores = group_scores
         self.emit_unroll = emit_unroll if group_scores is None else group_scores.hold
         self.device = device
-        self._episode_draws = torch.Generator().manual_seed(seed)
+        self.episode_draws = torch.Generator().manual_seed(seed)
         self.env_steps = 0  # transitions: steps that are not the first of an episode
         self.batches = 0
         self.batch_envs = 0
@@ -73,7 +76,7 @@ class InferenceStep:
         # Each episode's loss (RL or teacher forcing) is drawn when it starts, and kept.
         teacher = torch.from_numpy(self.store.teacher_forcing(slots))
         if first.any():
-            teacher[first] = self.problem.draw_teacher_forcing(int(first.sum()), self._episode_draws)
+            teacher[first] = self.problem.draw_teacher_forcing(int(first.sum()), self.episode_draws)
 
         with self.policy.lock:
             version = self.policy.version
@@ -102,6 +105,9 @@ class InferenceStep:
             slot=torch.from_numpy(slots),
             episode_index=torch.from_numpy(episode_index),
         )
+        if requests[0].action_rewards is not None:
+            step["action_rewards"] = torch.from_numpy(np.concatenate([r.action_rewards for r in requests]))
+            step["actions_executed"] = torch.from_numpy(np.concatenate([r.actions_executed for r in requests]))
         for unroll in self.store.end_step(slots, step, state, tree_to(new_state, "cpu"), actions, ended,
                                           teacher.numpy()):
             if not self.emit_unroll(unroll):

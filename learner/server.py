@@ -19,13 +19,15 @@ import numpy as np
 
 from fleetrl import PROTOCOL_VERSION
 from fleetrl.learner.env_state_store import EnvStateStore
+from fleetrl.learner.eval_inference import EvalRequest
+from fleetrl.learner.eval_rounds import EvalRounds
 from fleetrl.learner.group_scores import GroupScores
 from fleetrl.learner.inference import StepRequest
 from fleetrl.learner.inference_batcher import BatcherStopped, InferenceBatcher
 from fleetrl.learner.metrics import EpisodeWindow, ScalarMeans
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
-from fleetrl.proto.tensors import Specs, TensorSpec, WireError, decode_all, encode_all, spec_mismatch
+from fleetrl.proto.tensors import Specs, TensorSpec, WireError, decode, decode_all, encode_all, spec_mismatch
 
 
 @dataclasses.dataclass
@@ -46,13 +48,20 @@ class ServedRun:
     policy_version: Callable[[], int]
     max_envs_per_actor: int
     group_scores: GroupScores | None = None
+    chunk_size: int = 1  # actions per step; > 1: steps carry per-action rewards
+    # Eval actors (mode EVAL): their own state store and batcher, and the rounds they play.
+    eval_store: EnvStateStore | None = None
+    eval_batcher: InferenceBatcher | None = None
+    eval_rounds: EvalRounds | None = None
+
+Episode = tuple[int, dict[str, float], int | None]  # env index, metrics, eval episode
 
 
 class LearnerService(pb_grpc.LearnerServicer):
     def __init__(self, run: ServedRun):
         self.run = run
         self._actors_lock = threading.Lock()
-        self._actors: set[str] = set()
+        self._actors: dict[str, int] = {}  # actor id -> its mode
         self._rejected_lock = threading.Lock()
         self._rejected = 0
 
@@ -67,6 +76,18 @@ class LearnerService(pb_grpc.LearnerServicer):
     def GetStatus(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.Status:
         return self.run.status()
 
+    def GetEvalWork(self, request: pb.EvalWorkRequest, context: grpc.ServicerContext) -> pb.EvalWork:
+        if self.run.finished.is_set():
+            return pb.EvalWork(finished=True)
+        with self._actors_lock:
+            mode = self._actors.get(request.actor_id)
+        if mode != pb.EVAL or self.run.eval_rounds is None:
+            self._reject(context, grpc.StatusCode.FAILED_PRECONDITION,
+                         f"actor {request.actor_id!r} has no open eval stream: open one with mode EVAL first")
+        work = self.run.eval_rounds.work(request.actor_id, max(1, request.max_episodes))
+        return pb.EvalWork(round=work.round, policy_version=work.policy_version, episodes=work.episodes,
+                           retry_after_s=work.retry_after_s)
+
     def Stream(self, request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
         first = next(request_iterator, None)
         if first is None:
@@ -78,14 +99,19 @@ class LearnerService(pb_grpc.LearnerServicer):
         problem = self._check_handshake(handshake)
         if problem:
             self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, problem)
+        evaluating = handshake.mode == pb.EVAL
+        if evaluating and self.run.eval_rounds is None:
+            self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, "this learner runs no evaluation")
         with self._actors_lock:
             duplicate = handshake.actor_id in self._actors
-            self._actors.add(handshake.actor_id)
+            if not duplicate:
+                self._actors[handshake.actor_id] = handshake.mode
         if duplicate:
             self._reject(context, grpc.StatusCode.ALREADY_EXISTS,
                          f"actor id {handshake.actor_id!r} is already connected; give each actor its own --actor_id")
-        slots = self.run.store.allocate(handshake.num_envs)
-        if self.run.group_scores is not None:
+        store = self.run.eval_store if evaluating else self.run.store
+        slots = store.allocate(handshake.num_envs)
+        if self.run.group_scores is not None and not evaluating:
             self.run.group_scores.add_actor(slots)
         try:
             yield pb.LearnerMessage(accepted=pb.HandshakeAccepted(
@@ -98,12 +124,13 @@ class LearnerService(pb_grpc.LearnerServicer):
                                  "handshake repeated: a stream has exactly one handshake, as its first message")
                 try:
                     request, episodes = self._decode_step(message.step, slots, handshake.num_envs)
+                    future = (self._submit_eval(handshake.actor_id, request, episodes) if evaluating
+                              else self._submit(request, episodes, slots))
                 except WireError as e:
                     self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {handshake.actor_id!r}: {e}")
-                self._record_episodes(episodes, slots)
                 start = time.monotonic()
                 try:
-                    actions = self.run.batcher.submit(request).result()
+                    actions = future.result()
                 except BatcherStopped:
                     break
                 self.run.scalars.add("inference/latency_ms", 1000 * (time.monotonic() - start))
@@ -112,11 +139,31 @@ class LearnerService(pb_grpc.LearnerServicer):
             if self.run.finished.is_set():
                 yield pb.LearnerMessage(finished=pb.RunFinished(reason=self.run.finished_reason()))
         finally:
-            if self.run.group_scores is not None:
+            if self.run.group_scores is not None and not evaluating:
                 self.run.group_scores.remove_actor(slots)
-            self.run.store.release(slots)
+            if evaluating:
+                self.run.eval_rounds.disconnect(handshake.actor_id)
+            store.release(slots)
             with self._actors_lock:
-                self._actors.discard(handshake.actor_id)
+                self._actors.pop(handshake.actor_id, None)
+
+    def _submit(self, request: StepRequest, episodes: list[Episode], slots: np.ndarray):
+        self._record_episodes(episodes, slots)
+        return self.run.batcher.submit(request)
+
+    def _submit_eval(self, actor_id: str, request: StepRequest, episodes: list[Episode]):
+        """Eval episodes go to their round, not to train/; actions come from the round's snapshot."""
+        for env, metrics, episode in episodes:
+            if episode is None:
+                raise WireError(f"finished_episodes: env {env} of an eval actor gives no eval_episode")
+            try:
+                self.run.eval_rounds.record(actor_id, episode, metrics)
+            except ValueError as e:
+                raise WireError(f"finished_episodes: {e}") from None
+        snapshot = self.run.eval_rounds.agent_for(actor_id)
+        if snapshot is None:
+            raise WireError("an eval step before any eval work: call GetEvalWork first")
+        return self.run.eval_batcher.submit(EvalRequest(request, snapshot[0]))
 
     @property
     def rejected_messages(self) -> int:
@@ -140,7 +187,7 @@ class LearnerService(pb_grpc.LearnerServicer):
             return (f"the handshake has num_envs = {handshake.num_envs}; this learner takes 1 to "
                     f"{self.run.max_envs_per_actor} envs per actor (--max_envs_per_actor)")
         group_size = self.run.group_scores.group_size if self.run.group_scores is not None else 1
-        if handshake.num_envs % group_size:
+        if handshake.num_envs % group_size and handshake.mode == pb.TRAIN:
             return f"the handshake has num_envs = {handshake.num_envs}, not a multiple of group_size {group_size}"
         try:
             observations = tuple(TensorSpec.from_proto(s) for s in handshake.observation_spec)
@@ -150,8 +197,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         return (spec_mismatch("observation", self.run.observation_specs, observations)
                 or spec_mismatch("action", self.run.action_specs, actions))
 
-    def _decode_step(self, step: pb.Step, slots: np.ndarray,
-                     num_envs: int) -> tuple[StepRequest, list[tuple[int, dict[str, float]]]]:
+    def _decode_step(self, step: pb.Step, slots: np.ndarray, num_envs: int) -> tuple[StepRequest, list[Episode]]:
         count = len(step.env_indices)
         if count == 0:
             raise WireError("the step has no env_indices")
@@ -171,28 +217,52 @@ class LearnerService(pb_grpc.LearnerServicer):
             bad = int(indices[~np.isfinite(rewards)][0])
             raise WireError(f"rewards: env {bad} has a NaN or infinite reward")
         observation = decode_all(step.observations, self.run.observation_specs, count, "observation")
+        action_rewards, actions_executed = self._decode_chunk_results(step, count, indices)
         episodes = []
         for episode in step.finished_episodes:
             if episode.env_index >= num_envs:
                 raise WireError(f"finished_episodes: env index {episode.env_index} is unknown")
             if not all(math.isfinite(v) for v in episode.metrics.values()):
                 raise WireError(f"finished_episodes: env {episode.env_index} has a NaN or infinite metric")
-            episodes.append((episode.env_index, dict(episode.metrics)))
+            episodes.append((episode.env_index, dict(episode.metrics),
+                             episode.eval_episode if episode.HasField("eval_episode") else None))
         request = StepRequest(
             slots=slots[indices], run_ids=run_ids, observation=observation, reward=rewards,
             terminated=np.asarray(step.terminated, bool), truncated=np.asarray(step.truncated, bool),
+            action_rewards=action_rewards, actions_executed=actions_executed,
         )
         return request, episodes
 
-    def _record_episodes(self, episodes: list[tuple[int, dict[str, float]]], slots: np.ndarray) -> None:
+    def _decode_chunk_results(self, step: pb.Step, count: int,
+                              indices: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
+        chunk = self.run.chunk_size
+        if chunk == 1:
+            if step.HasField("action_rewards") or step.actions_executed:
+                raise WireError("action_rewards / actions_executed: this Problem has no action chunks (chunk_size 1)")
+            return None, None
+        if not step.HasField("action_rewards"):
+            raise WireError(f"action_rewards missing: this Problem plays chunks of {chunk} actions")
+        spec = TensorSpec("action_rewards", np.dtype(np.float32), (chunk,))
+        action_rewards = decode(step.action_rewards, spec, count, "action_rewards")
+        if not np.isfinite(action_rewards).all():
+            bad = int(indices[~np.isfinite(action_rewards).all(axis=1)][0])
+            raise WireError(f"action_rewards: env {bad} has a NaN or infinite reward")
+        if len(step.actions_executed) != count:
+            raise WireError(f"actions_executed has {len(step.actions_executed)} entries for {count} env_indices")
+        executed = np.asarray(step.actions_executed, np.int64)
+        if (executed > chunk).any():
+            raise WireError(f"actions_executed: {int(executed.max())} actions of a chunk of {chunk}")
+        return action_rewards, executed
+
+    def _record_episodes(self, episodes: list[Episode], slots: np.ndarray) -> None:
         """Training episodes go to train/ and the recent-return window; teacher-forced ones,
         which executed the oracle's actions, to teacher/ only."""
         if not episodes:
             return
-        forced = self.run.store.teacher_forcing(slots[[env for env, _ in episodes]])
-        for (_, metrics), teacher in zip(episodes, forced):
+        forced = self.run.store.teacher_forcing(slots[[env for env, _, _ in episodes]])
+        for (_, metrics, _), teacher in zip(episodes, forced):
             prefix = "teacher" if teacher else "train"
             for name, value in metrics.items():
                 tag = f"episode_{name}" if name in ("return", "length") else name
                 self.run.scalars.add(f"{prefix}/{tag}", value)
-        self.run.episodes.extend(metrics for (_, metrics), teacher in zip(episodes, forced) if not teacher)
+        self.run.episodes.extend(metrics for (_, metrics, _), teacher in zip(episodes, forced) if not teacher)

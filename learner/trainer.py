@@ -38,7 +38,7 @@ class Trainer:
         self.algorithm = problem.algorithm()
         self.epochs = problem.config.epochs or self.algorithm.default_epochs
         self.minibatches = problem.config.minibatches or self.algorithm.default_minibatches
-        self._shuffle = torch.Generator().manual_seed(seed)
+        self.shuffle_generator = torch.Generator().manual_seed(seed)
         self.steps = 0  # optimizer steps
         self.last_policy_lag = float("nan")
 
@@ -55,7 +55,7 @@ class Trainer:
                 if self.minibatches == 1:  # the whole batch: no shuffle, no copy
                     minibatches = [(batch, prepared)]
                 else:
-                    order = torch.randperm(batch.batch_size, generator=self._shuffle).to(self.device)
+                    order = torch.randperm(batch.batch_size, generator=self.shuffle_generator).to(self.device)
                     minibatches = [(batch.select(i), {k: v[:, i] for k, v in prepared.items()})
                                    for i in order.chunk(self.minibatches)]
                 for minibatch, minibatch_prepared in minibatches:

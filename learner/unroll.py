@@ -31,6 +31,13 @@ STEP_FIELDS: dict[str, torch.dtype] = {
     "episode_index": torch.int64,
 }
 
+# Recorded only for Problems with action chunks (fleetrl.envs.action_chunks): each action's
+# reward, [K], and how many of the chunk's actions ran, for the transition that led to the step.
+CHUNK_FIELDS: dict[str, torch.dtype] = {
+    "action_rewards": torch.float32,
+    "actions_executed": torch.int64,
+}
+
 
 @dataclasses.dataclass
 class UnrollBatch:
@@ -51,6 +58,9 @@ class UnrollBatch:
     initial_state: Any
     # GRPO only: each step's episode return, normalized within its group.
     group_advantage: torch.Tensor | None = None
+    # Action chunks only (see CHUNK_FIELDS): [T+1, B, K] and [T+1, B].
+    action_rewards: torch.Tensor | None = None
+    actions_executed: torch.Tensor | None = None
 
     @property
     def batch_size(self) -> int:
@@ -65,6 +75,7 @@ class UnrollBatch:
             action={k[7:]: v for k, v in tm.items() if k.startswith("action/")},
             initial_state=initial_state,
             group_advantage=tm.get("group_advantage"),
+            **{k: tm.get(k) for k in CHUNK_FIELDS},
             **{k: tm[k] for k in STEP_FIELDS},
         )
 

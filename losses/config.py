@@ -38,6 +38,12 @@ class LossConfig:
     value_huber_delta: float | None = None
     normalize_advantages: bool = True
 
+    # Action chunks (Problems with chunk_size > 1; see fleetrl.losses.chunks):
+    # reward_type chunk_level | action_level; logprob_type chunk_level | action_level | token_level.
+    # V-trace takes chunk_level only; PPO takes every pair; GRPO ignores reward_type.
+    reward_type: str = "chunk_level"
+    logprob_type: str = "chunk_level"
+
     # GRPO: envs per group. A group's members start each episode from the same reset seed,
     # and each episode's advantage is its return normalized within the group.
     group_size: int = 1

@@ -24,8 +24,14 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def ppo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
              values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, entropy: torch.Tensor,
-             valid: torch.Tensor, config: LossConfig) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """All inputs are [T, B] per transition; advantages, returns and the old values carry no gradient."""
+             valid: torch.Tensor, config: LossConfig, value_valid: torch.Tensor | None = None,
+             entropy_valid: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Inputs are [T, B] per transition, or finer with action chunks: the policy terms take
+    the shape of `log_probs` and `valid`, the value terms that of `returns` and
+    `value_valid`, the entropy that of `entropy` and `entropy_valid` (both default to
+    `valid`). Advantages, returns and the old values carry no gradient."""
+    value_valid = valid if value_valid is None else value_valid
+    entropy_valid = valid if entropy_valid is None else entropy_valid
     if config.normalize_advantages:
         mean = masked_mean(advantages, valid)
         std = masked_mean((advantages - mean) ** 2, valid).sqrt()
@@ -48,13 +54,14 @@ def ppo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: t
     if config.value_clip_eps is not None:
         clipped_values = old_values + torch.clamp(values - old_values, -config.value_clip_eps, config.value_clip_eps)
         value_errors = torch.maximum(value_errors, value_error(clipped_values))
-    value_loss = 0.5 * masked_mean(value_errors, valid)
-    mean_entropy = masked_mean(entropy, valid)
+    value_loss = 0.5 * masked_mean(value_errors, value_valid)
+    mean_entropy = masked_mean(entropy, entropy_valid)
     total = policy_loss + config.baseline_cost * value_loss - config.entropy_cost * mean_entropy
 
     with torch.no_grad():
-        residual_var = masked_mean((returns - old_values - masked_mean(returns - old_values, valid)) ** 2, valid)
-        returns_var = masked_mean((returns - masked_mean(returns, valid)) ** 2, valid)
+        residual = returns - old_values
+        residual_var = masked_mean((residual - masked_mean(residual, value_valid)) ** 2, value_valid)
+        returns_var = masked_mean((returns - masked_mean(returns, value_valid)) ** 2, value_valid)
         logs = {
             "loss/total": total.detach(),
             "loss/policy": policy_loss.detach(),

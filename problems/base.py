@@ -2,7 +2,7 @@
 
 A Problem is everything task-specific, in one place that fits on a page:
 
-- actor side: `make_env` and `episode_metrics` (actors never build an agent);
+- actor side: `make_env`, `episode_metrics` and `eval_reset` (actors never build an agent);
 - learner side: `make_agent`, `make_optimizer`, the action distribution,
   `select_actor_action`, and the training `algorithm` (see fleetrl.losses.algorithms).
 
@@ -18,9 +18,11 @@ import functools
 from typing import Any, ClassVar, Mapping
 
 import gymnasium as gym
+import numpy as np
 import torch
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation
+from fleetrl.envs.action_chunks import ActionChunks
 from fleetrl.losses.algorithms import Algorithm, get_algorithm
 from fleetrl.losses.config import LossConfig
 from fleetrl.problems.hparams import apply_hparams
@@ -40,6 +42,14 @@ class ProblemConfig(LossConfig):
     teacher_forcing_fraction: float = 0.0
     teacher_forcing_cost: float = 1.0
     oracle_key: str = "oracle_action"
+    # Actions per agent step. Above 1, actors play each chunk of K actions through
+    # `ActionChunks` (fleetrl.envs.action_chunks), and the agent emits [K, ...] actions;
+    # `reward_type` and `logprob_type` choose how the loss sees them.
+    chunk_size: int = 1
+    # The eval set: episodes 0 .. eval_episodes-1, each reset by `Problem.eval_reset`. Eval
+    # actors play all of it once per eval round, and `launch.evaluate` plays the same ones.
+    eval_episodes: int = 100
+    eval_seed: int = 1_000_000
 
 
 class Problem:
@@ -61,6 +71,26 @@ class Problem:
         """One environment. Actors build many, step them as a batch and seed them through reset."""
         raise NotImplementedError
 
+    def make_actor_env(self) -> gym.Env:
+        """The env as actors step it: `make_env`, playing chunks of actions when chunk_size > 1."""
+        env = self.make_env()
+        return ActionChunks(env, self.config.chunk_size) if self.config.chunk_size > 1 else env
+
+    def eval_reset(self, episode: int) -> tuple[int, dict[str, Any] | None]:
+        """The reset (seed, options) of eval episode `episode`. Override to walk a data split
+        or every task and init state, say by passing options={"episode_index": episode}."""
+        return self.config.eval_seed + episode, None
+
+    def render_frame(self, observation: Mapping[str, np.ndarray]) -> np.ndarray | None:
+        """One env's observation as an RGB image [H, W, 3] uint8, for recorded episodes
+        (`launch.evaluate --record`). The default takes the first uint8 image observation."""
+        for value in observation.values():
+            if value.dtype == np.uint8 and value.ndim == 3 and value.shape[-1] == 3:
+                return value
+            if value.dtype == np.uint8 and value.ndim == 2:
+                return np.repeat(value[..., None], 3, axis=-1)
+        return None
+
     def episode_metrics(self, final_info: Mapping[str, Any]) -> dict[str, float]:
         """Extra metrics of an episode from its last step's info ('return' and 'length' are automatic)."""
         return {}
@@ -69,7 +99,7 @@ class Problem:
 
     @functools.cached_property
     def _spaces(self) -> tuple[gym.Space, gym.Space]:
-        env = self.make_env()
+        env = self.make_actor_env()
         try:
             return env.observation_space, env.action_space
         finally:
@@ -89,9 +119,24 @@ class Problem:
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         return torch.optim.Adam(params, lr=self.config.learning_rate, eps=self.config.adam_eps)
 
+    def policy_logits_size(self) -> int:
+        """How many logits the default categorical policy reads: the Discrete space's n, or
+        K * n for chunks of K actions (a MultiDiscrete space)."""
+        space = self._spaces[1]
+        if isinstance(space, gym.spaces.MultiDiscrete):
+            return int(space.nvec.sum())
+        if isinstance(space, gym.spaces.Discrete):
+            return int(space.n)
+        raise ValueError(f"{type(self).__name__}: the categorical policy needs a Discrete action space, "
+                         f"not {type(space).__name__}; override action_distribution")
+
     def action_distribution(self, agent_output: AgentOutput) -> torch.distributions.Distribution:
-        """The policy over the single action "action"; the default is categorical over policy_logits."""
-        return torch.distributions.Categorical(logits=agent_output["policy_logits"])
+        """The policy over the single action "action"; the default is categorical over
+        policy_logits, one categorical per action of a chunk."""
+        logits = agent_output["policy_logits"]
+        if self.config.chunk_size > 1:
+            logits = logits.unflatten(-1, (self.config.chunk_size, -1))
+        return torch.distributions.Categorical(logits=logits)
 
     def draw_teacher_forcing(self, count: int, generator: torch.Generator) -> torch.Tensor:
         """For `count` starting episodes: which ones are teacher-forced. Override to choose otherwise."""
@@ -110,9 +155,12 @@ class Problem:
         return {"action": action}
 
     def action_log_prob(self, agent_output: AgentOutput, actions: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """[T, B] log-probs; with action chunks, unreduced: [T, B, K] or [T, B, K, D] per
+        token, which the algorithm sums as `logprob_type` says (fleetrl.losses.chunks)."""
         return self.action_distribution(agent_output).log_prob(actions["action"])
 
     def entropy(self, agent_output: AgentOutput) -> torch.Tensor:
+        """The policy's entropy, in the shape of `action_log_prob`."""
         return self.action_distribution(agent_output).entropy()
 
     def algorithm(self) -> Algorithm:

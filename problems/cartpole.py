@@ -31,8 +31,8 @@ class CartPoleProblem(Problem):
         return gym.make("CartPole-v1", max_episode_steps=self.config.max_episode_steps, disable_env_checker=True)
 
     def make_agent(self) -> Agent:
-        (obs_spec,), action_space = self.observation_specs(), self._spaces[1]
-        return MLPAgent(obs_spec.shape[0], int(action_space.n), self.config.hidden_sizes,
+        (obs_spec,) = self.observation_specs()
+        return MLPAgent(obs_spec.shape[0], self.policy_logits_size(), self.config.hidden_sizes,
                         shared_torso=self.config.shared_torso)
 
 
@@ -48,5 +48,5 @@ class CartPoleLSTMProblem(CartPoleProblem):
     Config = CartPoleLSTMConfig
 
     def make_agent(self) -> Agent:
-        (obs_spec,), action_space = self.observation_specs(), self._spaces[1]
-        return LSTMAgent(obs_spec.shape[0], int(action_space.n), self.config.hidden_sizes, self.config.lstm_size)
+        (obs_spec,) = self.observation_specs()
+        return LSTMAgent(obs_spec.shape[0], self.policy_logits_size(), self.config.hidden_sizes, self.config.lstm_size)

@@ -45,12 +45,22 @@ class ContinuousControlProblem(Problem):
                                 self.config.initial_log_std)
 
     def action_distribution(self, agent_output: AgentOutput) -> torch.distributions.Distribution:
-        space = self._spaces[1]
-        return bounded_normal(self.config.action_squash, agent_output["action_mean"],
-                              agent_output["action_log_std"], space.low, space.high)
+        space = self._spaces[1]  # with chunks, [K, D]: the agent's K * D outputs are unflattened to it
+        mean, log_std = agent_output["action_mean"], agent_output["action_log_std"]
+        if self.config.chunk_size > 1:
+            mean, log_std = mean.unflatten(-1, space.shape), log_std.unflatten(-1, space.shape)
+        return bounded_normal(self.config.action_squash, mean, log_std, space.low, space.high)
 
     def action_log_prob(self, agent_output: AgentOutput, actions: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        return self.action_distribution(agent_output).log_prob(actions["action"])
+        """[T, B]; with chunks per token, [T, B, K, D]."""
+        dist = self.action_distribution(agent_output)
+        if self.config.chunk_size > 1:
+            return dist.log_prob_per_dimension(actions["action"])
+        return dist.log_prob(actions["action"])
+
+    def entropy(self, agent_output: AgentOutput) -> torch.Tensor:
+        dist = self.action_distribution(agent_output)
+        return dist.entropy_per_dimension() if self.config.chunk_size > 1 else dist.entropy()
 
 
 @dataclasses.dataclass

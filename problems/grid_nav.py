@@ -6,6 +6,7 @@ import dataclasses
 from typing import Any, Mapping
 
 import gymnasium as gym
+import numpy as np
 
 from fleetrl.agents import Agent, MLPAgent
 from fleetrl.envs.grid_nav import GridNavEnv
@@ -32,3 +33,12 @@ class GridNavProblem(Problem):
 
     def episode_metrics(self, final_info: Mapping[str, Any]) -> dict[str, float]:
         return {"success": float(final_info["success"])}
+
+    def render_frame(self, observation: Mapping[str, np.ndarray]) -> np.ndarray:
+        """The agent in green, the goal in red, 8 pixels a cell."""
+        size = self.config.size
+        agent, goal = observation["observation"].reshape(2, size, size)
+        image = np.full((size, size, 3), 40, np.uint8)
+        image[goal > 0] = (220, 50, 50)
+        image[agent > 0] = (60, 200, 80)
+        return image.repeat(8, axis=0).repeat(8, axis=1)

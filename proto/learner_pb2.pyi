@@ -19,6 +19,11 @@ class DType(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     INT64: _ClassVar[DType]
     UINT8: _ClassVar[DType]
     BOOL: _ClassVar[DType]
+
+class ActorMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    TRAIN: _ClassVar[ActorMode]
+    EVAL: _ClassVar[ActorMode]
 DTYPE_UNSPECIFIED: DType
 FLOAT32: DType
 FLOAT64: DType
@@ -29,6 +34,8 @@ INT32: DType
 INT64: DType
 UINT8: DType
 BOOL: DType
+TRAIN: ActorMode
+EVAL: ActorMode
 
 class TensorSpec(_message.Message):
     __slots__ = ("name", "dtype", "shape")
@@ -53,23 +60,25 @@ class Tensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Handshake(_message.Message):
-    __slots__ = ("protocol_version", "problem", "actor_id", "num_envs", "observation_spec", "action_spec")
+    __slots__ = ("protocol_version", "problem", "actor_id", "num_envs", "observation_spec", "action_spec", "mode")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
     NUM_ENVS_FIELD_NUMBER: _ClassVar[int]
     OBSERVATION_SPEC_FIELD_NUMBER: _ClassVar[int]
     ACTION_SPEC_FIELD_NUMBER: _ClassVar[int]
+    MODE_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     problem: str
     actor_id: str
     num_envs: int
     observation_spec: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     action_spec: _containers.RepeatedCompositeFieldContainer[TensorSpec]
-    def __init__(self, protocol_version: _Optional[int] = ..., problem: _Optional[str] = ..., actor_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., observation_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ...) -> None: ...
+    mode: ActorMode
+    def __init__(self, protocol_version: _Optional[int] = ..., problem: _Optional[str] = ..., actor_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., observation_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., mode: _Optional[_Union[ActorMode, str]] = ...) -> None: ...
 
 class EpisodeStats(_message.Message):
-    __slots__ = ("env_index", "metrics")
+    __slots__ = ("env_index", "metrics", "eval_episode")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -79,12 +88,14 @@ class EpisodeStats(_message.Message):
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ENV_INDEX_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_EPISODE_FIELD_NUMBER: _ClassVar[int]
     env_index: int
     metrics: _containers.ScalarMap[str, float]
-    def __init__(self, env_index: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    eval_episode: int
+    def __init__(self, env_index: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., eval_episode: _Optional[int] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("env_indices", "run_ids", "observations", "rewards", "terminated", "truncated", "finished_episodes")
+    __slots__ = ("env_indices", "run_ids", "observations", "rewards", "terminated", "truncated", "finished_episodes", "action_rewards", "actions_executed")
     ENV_INDICES_FIELD_NUMBER: _ClassVar[int]
     RUN_IDS_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -92,6 +103,8 @@ class Step(_message.Message):
     TERMINATED_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     FINISHED_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    ACTION_REWARDS_FIELD_NUMBER: _ClassVar[int]
+    ACTIONS_EXECUTED_FIELD_NUMBER: _ClassVar[int]
     env_indices: _containers.RepeatedScalarFieldContainer[int]
     run_ids: _containers.RepeatedScalarFieldContainer[int]
     observations: _containers.RepeatedCompositeFieldContainer[Tensor]
@@ -99,7 +112,9 @@ class Step(_message.Message):
     terminated: _containers.RepeatedScalarFieldContainer[bool]
     truncated: _containers.RepeatedScalarFieldContainer[bool]
     finished_episodes: _containers.RepeatedCompositeFieldContainer[EpisodeStats]
-    def __init__(self, env_indices: _Optional[_Iterable[int]] = ..., run_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., rewards: _Optional[_Iterable[float]] = ..., terminated: _Optional[_Iterable[bool]] = ..., truncated: _Optional[_Iterable[bool]] = ..., finished_episodes: _Optional[_Iterable[_Union[EpisodeStats, _Mapping]]] = ...) -> None: ...
+    action_rewards: Tensor
+    actions_executed: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, env_indices: _Optional[_Iterable[int]] = ..., run_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., rewards: _Optional[_Iterable[float]] = ..., terminated: _Optional[_Iterable[bool]] = ..., truncated: _Optional[_Iterable[bool]] = ..., finished_episodes: _Optional[_Iterable[_Union[EpisodeStats, _Mapping]]] = ..., action_rewards: _Optional[_Union[Tensor, _Mapping]] = ..., actions_executed: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ActorMessage(_message.Message):
     __slots__ = ("handshake", "step")
@@ -167,7 +182,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("env_steps", "env_steps_per_s", "episodes", "mean_episode_return", "policy_lag", "trainer_steps", "connected_actors", "finished", "finished_reason", "uptime_s", "mean_inference_batch_size")
+    __slots__ = ("env_steps", "env_steps_per_s", "episodes", "mean_episode_return", "policy_lag", "trainer_steps", "connected_actors", "finished", "finished_reason", "uptime_s", "mean_inference_batch_size", "eval_policy_version", "eval_mean_return", "eval_rounds")
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_PER_S_FIELD_NUMBER: _ClassVar[int]
     EPISODES_FIELD_NUMBER: _ClassVar[int]
@@ -179,6 +194,9 @@ class Status(_message.Message):
     FINISHED_REASON_FIELD_NUMBER: _ClassVar[int]
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     MEAN_INFERENCE_BATCH_SIZE_FIELD_NUMBER: _ClassVar[int]
+    EVAL_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EVAL_MEAN_RETURN_FIELD_NUMBER: _ClassVar[int]
+    EVAL_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     env_steps: int
     env_steps_per_s: float
     episodes: int
@@ -190,4 +208,29 @@ class Status(_message.Message):
     finished_reason: str
     uptime_s: float
     mean_inference_batch_size: float
-    def __init__(self, env_steps: _Optional[int] = ..., env_steps_per_s: _Optional[float] = ..., episodes: _Optional[int] = ..., mean_episode_return: _Optional[float] = ..., policy_lag: _Optional[float] = ..., trainer_steps: _Optional[int] = ..., connected_actors: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_reason: _Optional[str] = ..., uptime_s: _Optional[float] = ..., mean_inference_batch_size: _Optional[float] = ...) -> None: ...
+    eval_policy_version: int
+    eval_mean_return: float
+    eval_rounds: int
+    def __init__(self, env_steps: _Optional[int] = ..., env_steps_per_s: _Optional[float] = ..., episodes: _Optional[int] = ..., mean_episode_return: _Optional[float] = ..., policy_lag: _Optional[float] = ..., trainer_steps: _Optional[int] = ..., connected_actors: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_reason: _Optional[str] = ..., uptime_s: _Optional[float] = ..., mean_inference_batch_size: _Optional[float] = ..., eval_policy_version: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_rounds: _Optional[int] = ...) -> None: ...
+
+class EvalWorkRequest(_message.Message):
+    __slots__ = ("actor_id", "max_episodes")
+    ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
+    MAX_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    actor_id: str
+    max_episodes: int
+    def __init__(self, actor_id: _Optional[str] = ..., max_episodes: _Optional[int] = ...) -> None: ...
+
+class EvalWork(_message.Message):
+    __slots__ = ("round", "policy_version", "episodes", "retry_after_s", "finished")
+    ROUND_FIELD_NUMBER: _ClassVar[int]
+    POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    EPISODES_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_S_FIELD_NUMBER: _ClassVar[int]
+    FINISHED_FIELD_NUMBER: _ClassVar[int]
+    round: int
+    policy_version: int
+    episodes: _containers.RepeatedScalarFieldContainer[int]
+    retry_after_s: float
+    finished: bool
+    def __init__(self, round: _Optional[int] = ..., policy_version: _Optional[int] = ..., episodes: _Optional[_Iterable[int]] = ..., retry_after_s: _Optional[float] = ..., finished: _Optional[bool] = ...) -> None: ...

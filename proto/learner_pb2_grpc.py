@@ -49,6 +49,11 @@ class LearnerStub:
                 request_serializer=fleetrl_dot_proto_dot_learner__pb2.StatusRequest.SerializeToString,
                 response_deserializer=fleetrl_dot_proto_dot_learner__pb2.Status.FromString,
                 _registered_method=True)
+        self.GetEvalWork = channel.unary_unary(
+                '/fleetrl.Learner/GetEvalWork',
+                request_serializer=fleetrl_dot_proto_dot_learner__pb2.EvalWorkRequest.SerializeToString,
+                response_deserializer=fleetrl_dot_proto_dot_learner__pb2.EvalWork.FromString,
+                _registered_method=True)
 
 
 class LearnerServicer:
@@ -72,6 +77,12 @@ class LearnerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def GetEvalWork(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_LearnerServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -89,6 +100,11 @@ def add_LearnerServicer_to_server(servicer, server):
                     servicer.GetStatus,
                     request_deserializer=fleetrl_dot_proto_dot_learner__pb2.StatusRequest.FromString,
                     response_serializer=fleetrl_dot_proto_dot_learner__pb2.Status.SerializeToString,
+            ),
+            'GetEvalWork': grpc.unary_unary_rpc_method_handler(
+                    servicer.GetEvalWork,
+                    request_deserializer=fleetrl_dot_proto_dot_learner__pb2.EvalWorkRequest.FromString,
+                    response_serializer=fleetrl_dot_proto_dot_learner__pb2.EvalWork.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -172,6 +188,33 @@ class Learner:
             '/fleetrl.Learner/GetStatus',
             fleetrl_dot_proto_dot_learner__pb2.StatusRequest.SerializeToString,
             fleetrl_dot_proto_dot_learner__pb2.Status.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def GetEvalWork(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/fleetrl.Learner/GetEvalWork',
+            fleetrl_dot_proto_dot_learner__pb2.EvalWorkRequest.SerializeToString,
+            fleetrl_dot_proto_dot_learner__pb2.EvalWork.FromString,
             options,
             channel_credentials,
             insecure,

@@ -50,12 +50,12 @@ class RawActor:
         self.channel.close()
 
 
-def handshake(actor_id="a", num_envs=2, problem="cartpole", obs_shape=(4,), obs_dtype=np.float32):
+def handshake(actor_id="a", num_envs=2, problem="cartpole", obs_shape=(4,), obs_dtype=np.float32, action_shape=()):
     return pb.ActorMessage(handshake=pb.Handshake(
         protocol_version=PROTOCOL_VERSION, problem=problem, actor_id=actor_id, num_envs=num_envs,
         observation_spec=[pb.TensorSpec(name="observation", dtype=pb.FLOAT32 if obs_dtype == np.float32 else pb.FLOAT64,
                                         shape=list(obs_shape))],
-        action_spec=[pb.TensorSpec(name="action", dtype=pb.INT64, shape=[])],
+        action_spec=[pb.TensorSpec(name="action", dtype=pb.INT64, shape=list(action_shape))],
     ))
 
 

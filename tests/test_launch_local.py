@@ -16,6 +16,7 @@ import time
 import uuid
 
 import pytest
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from conftest import REPO_ROOT
@@ -110,6 +111,19 @@ def test_a_gaussian_policy_learns_pendulum(tmp_path):
     train_to_target(tmp_path, "--problem=pendulum", "--seed=1", "--envs_per_actor=16", "--batch_size=32",
                     "--unroll_length=32", "--block_inference_on_training", "--total_env_steps=300000",
                     "--target_mean_return=-700")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("flags", [
+    # Returns count actions, not chunks; random play averages about 22 on CartPole, -1,250 on Pendulum.
+    ("--problem=cartpole", "--hparams=algorithm=ppo,chunk_size=2,reward_type=action_level,logprob_type=action_level",
+     "--unroll_length=16", "--target_mean_return=400"),
+    ("--problem=pendulum", "--hparams=chunk_size=2,reward_type=action_level,logprob_type=token_level",
+     "--unroll_length=32", "--target_mean_return=-700"),
+], ids=["cartpole", "pendulum"])
+def test_ppo_learns_with_action_chunks(tmp_path, flags):
+    train_to_target(tmp_path, *flags, "--seed=1", "--envs_per_actor=16", "--batch_size=32",
+                    "--block_inference_on_training", "--total_env_steps=200000")
 
 
 @pytest.mark.slow
@@ -239,3 +253,63 @@ def test_ctrl_c_stops_everything_cleanly(tmp_path):
     assert code == 0, output
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["reason"] == "stopped by SIGTERM" and summary["env_steps"] > 0, output
+
+
+PPO_CARTPOLE = ("--problem=cartpole", "--block_inference_on_training", "--batch_size=32", "--unroll_length=16",
+                "--seed=0", "--summary_interval_s=1")
+
+
+@pytest.mark.slow
+def test_eval_actors_write_eval_summaries_and_the_best_checkpoint_evaluates_alike(tmp_path):
+    process, tag = start_local(tmp_path, *PPO_CARTPOLE, "--hparams=algorithm=ppo,eval_episodes=10",
+                               "--num_eval_actors=1", "--eval_envs_per_actor=5", "--eval_interval_s=3",
+                               "--total_env_steps=100000")
+    code, output = finish(process, tag)
+    assert code == 0, output
+    rounds = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
+    assert len(rounds) >= 3 and all(r["episodes"] == 10 for r in rounds)
+    assert "eval return" in output  # the progress line shows eval results
+
+    events = EventAccumulator(str(tmp_path / "eval"), size_guidance={"scalars": 0})
+    events.Reload()
+    logged = {e.step: e.value for e in events.Scalars("eval/episode_return")}
+    assert logged == {r["policy_version"]: pytest.approx(r["return"]) for r in rounds}
+    assert "eval/episode_return" not in read_scalars(tmp_path)  # eval stays out of train/ curves
+
+    best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
+    assert best["eval_metrics"]["return"] == max(r["return"] for r in rounds)
+    assert best["eval_metrics"]["return"] > 100  # it learned
+    result = subprocess.run([sys.executable, "-m", "fleetrl.launch.evaluate",
+                             f"--checkpoint={tmp_path / 'checkpoints' / 'best.pt'}", f"--output={tmp_path / 'standalone'}"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    standalone = json.loads((tmp_path / "standalone" / "metrics.json").read_text())
+    assert standalone["episodes"] == 10 and standalone["policy_version"] == best["policy_version"]
+    # The same greedy policy on the same episodes.
+    assert standalone["metrics"]["return"] >= 0.95 * best["eval_metrics"]["return"]
+
+
+@pytest.mark.slow
+def test_a_restarted_run_continues_its_counters_and_curves_and_keeps_improving(tmp_path):
+    first = train_for(tmp_path, *PPO_CARTPOLE, "--hparams=algorithm=ppo", "--total_env_steps=30000")
+    second = train_for(tmp_path, *PPO_CARTPOLE, "--hparams=algorithm=ppo", "--total_env_steps=100000")
+    assert first["env_steps"] >= 30000 and second["env_steps"] >= 100000
+    assert second["trainer_steps"] > first["trainer_steps"]
+    assert second["mean_episode_return"] > first["mean_episode_return"] + 50
+    assert "resumed from" in (tmp_path / "logs" / "learner.log").read_text()
+
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()  # applies TensorBoard's purge of what the first run wrote after its checkpoint
+    versions = events.Scalars("learner/policy_version")
+    steps = [e.step for e in versions]
+    assert steps == sorted(set(steps)), "a TensorBoard step went backwards or repeated"
+    assert min(steps) < first["env_steps"] <= max(steps)
+    values = [e.value for e in versions]
+    assert values == sorted(values)  # the policy version carried on from the checkpoint
+
+
+def train_for(logdir, *flags) -> dict:
+    process, tag = start_local(logdir, *flags)
+    code, output = finish(process, tag)
+    assert code == 0, output
+    return json.loads((pathlib.Path(logdir) / "summary.json").read_text())

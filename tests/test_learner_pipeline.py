@@ -23,9 +23,9 @@ T = 10
 def serving_learner(tmp_path):
     """A learner whose server and batcher run, but whose trainer does not: the weights stay fixed."""
 
-    def start(problem: str, bind: str):
+    def start(problem: str, bind: str, **hparams: str):
         learner = Learner(LearnerConfig(problem=problem, bind=bind, logdir=str(tmp_path), unroll_length=T,
-                                        unroll_queue_size=10_000, hparams={"max_episode_steps": "15"}))
+                                        unroll_queue_size=10_000, hparams={"max_episode_steps": "15", **hparams}))
         learner.server.start()
         learner.batcher.start()
         started.append(learner)
@@ -83,3 +83,25 @@ def test_an_actor_can_step_its_envs_in_subprocesses(serving_learner):
     actor.run(max_steps=2 * T + 1)
     assert actor.steps_sent == 2 * T + 1
     assert learner.unrolls.qsize() == 3 * 2
+
+
+def test_chunks_of_actions_reach_the_learner_with_each_actions_reward(serving_learner):
+    """CartPole in chunks of 4 with 15-step episodes: every episode's last chunk stops early."""
+    learner = serving_learner("cartpole", "127.0.0.1:0", chunk_size="4")
+    run_actors(learner, learner.address, num_actors=1, steps=3 * T + 1)
+    batch = learner.unrolls.get_batch(learner.unrolls.qsize())
+    assert batch.action["action"].shape == (T + 1, 3 * 3, 4) and batch.action_rewards.shape == (T + 1, 3 * 3, 4)
+    torch.testing.assert_close(batch.action_rewards.sum(-1), batch.reward)
+    ended = batch.terminated | batch.truncated
+    executed = batch.actions_executed
+    assert torch.all(executed[batch.first] == 0)  # a reset runs no action
+    assert torch.all(executed[~ended & ~batch.first] == 4)
+    assert torch.all((executed[ended] >= 1) & (executed[ended] <= 4)) and torch.any(executed[ended] < 4)
+    # Rewards of CartPole are 1 per action that ran, and 0 for the rest of a chunk.
+    ran = torch.arange(4) < executed.unsqueeze(-1)
+    assert torch.all(batch.action_rewards[ran] == 1) and torch.all(batch.action_rewards[~ran] == 0)
+    with torch.no_grad():
+        outputs, _ = learner.agent.unroll(batch.observation, batch.first, batch.initial_state)
+        replayed = learner.problem.action_log_prob(outputs, batch.action)
+    assert replayed.shape == (T + 1, 9, 4)
+    torch.testing.assert_close(replayed, batch.behaviour_log_prob, rtol=1e-5, atol=1e-5)

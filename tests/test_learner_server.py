@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from fleetrl.proto import learner_pb2 as pb
-from fleetrl.proto.tensors import decode
+from fleetrl.proto.tensors import decode, encode
 
 from helpers import RawActor, cartpole_step, handshake, running_learner
 
@@ -116,3 +116,41 @@ def test_grpo_learners_refuse_actors_whose_envs_do_not_form_whole_groups(tmp_pat
             assert actor.send(handshake(num_envs=8)).WhichOneof("kind") == "accepted"
         finally:
             actor.close()
+
+
+def chunked_step(action_rewards=None, executed=(3, 3)):
+    message = cartpole_step()
+    if action_rewards is not None:
+        message.step.action_rewards.CopyFrom(encode("action_rewards", action_rewards))
+    message.step.actions_executed.extend(executed)
+    return message
+
+
+CHUNK_STEPS = {
+    "missing action rewards": (chunked_step(None), "action_rewards missing: this Problem plays chunks of 3 actions"),
+    "wrong chunk length": (chunked_step(np.ones((2, 4), np.float32)), "shape [2, 4] differs"),
+    "nan action reward": (chunked_step(np.array([[1, 1, 1], [1, np.inf, 0]], np.float32)),
+                          "action_rewards: env 1 has a NaN or infinite reward"),
+    "too many executed": (chunked_step(np.ones((2, 3), np.float32), executed=(3, 9)),
+                          "actions_executed: 9 actions of a chunk of 3"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CHUNK_STEPS))
+def test_bad_chunk_results_are_rejected_by_name(tmp_path, case):
+    with running_learner(tmp_path, hparams={"chunk_size": "3"}) as learner:
+        good = RawActor(learner.address)
+        try:
+            good.send(handshake(actor_id="good", action_shape=(3,)))
+            message, text = CHUNK_STEPS[case]
+            code, details = rejection(learner, handshake(actor_id="bad", action_shape=(3,)), message)
+            assert code == grpc.StatusCode.INVALID_ARGUMENT and text in details
+            reply = good.send(chunked_step(np.ones((2, 3), np.float32)))
+            assert decode(reply.actions.actions[0], batch=2).shape == (2, 3)
+        finally:
+            good.close()
+
+
+def test_unchunked_problems_refuse_chunk_results(learner):
+    code, details = rejection(learner, handshake(), chunked_step(np.ones((2, 3), np.float32)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "this Problem has no action chunks" in details

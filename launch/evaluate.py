@@ -1,0 +1,124 @@
+"""Evaluates a checkpoint without a training run:
+
+    python -m fleetrl.launch.evaluate --checkpoint=runs/x/checkpoints/best.pt --episodes=100 [--record]
+
+Plays episodes 0 .. N-1 of the Problem's eval set (the same resets eval actors play) with
+the learner's own eval inference (`EvalInference`: deterministic actions, recurrent state
+per env), prints a table of the episode metrics and writes them as JSON. With --record it
+saves the first --record_episodes episodes as GIF or MP4 files and as TensorBoard
+animations (see `episode_recorder`). The Problem and its hparams come from the checkpoint
+unless given.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import secrets
+import sys
+
+import numpy as np
+import torch
+from absl import app, flags, logging
+from torch.utils.tensorboard import SummaryWriter
+
+from fleetrl.actor.eval_episodes import EvalEpisodes
+from fleetrl.learner.checkpoint import CheckpointError, check_fits, load_checkpoint
+from fleetrl.learner.eval_inference import EvalInference, EvalRequest
+from fleetrl.learner.inference import StepRequest
+from fleetrl.learner.learner import build_state_store
+from fleetrl.launch.episode_recorder import EpisodeRecorder
+from fleetrl.problems.hparams import parse_hparams
+from fleetrl.problems.registry import UnknownProblemError, load_problem
+
+flags.DEFINE_string("checkpoint", None, "A checkpoint file (ckpt-*.pt or best.pt).")
+flags.DEFINE_string("problem", "", "The Problem; default: the checkpoint's.")
+flags.DEFINE_string("hparams", None, "The Problem's config overrides; default: the checkpoint's.")
+flags.DEFINE_integer("episodes", 0, "Episodes of the eval set to play; 0: the Problem's eval_episodes.")
+flags.DEFINE_integer("num_envs", 8, "Envs played at once.")
+flags.DEFINE_string("output", "", "Where to write the metrics JSON and recordings; default: <checkpoint>-eval/.")
+flags.DEFINE_boolean("record", False, "Save episodes from image observations as animations.")
+flags.DEFINE_integer("record_episodes", 4, "How many episodes (the first ones) --record saves.")
+flags.DEFINE_enum("record_format", "gif", ["gif", "mp4"], "File format of recorded episodes.")
+flags.DEFINE_float("record_fps", 10.0, "Frames per second of recorded episodes.")
+flags.DEFINE_string("device", "cpu", "Torch device.")
+FLAGS = flags.FLAGS
+
+
+def evaluate(problem, agent: torch.nn.Module, episodes: int, num_envs: int, device: torch.device,
+             recorder: EpisodeRecorder | None = None) -> list[dict[str, float]]:
+    """Each episode's metrics, in episode order."""
+    store = build_state_store(problem, agent, 0, device, record=False)
+    inference = EvalInference(problem, store, device)
+    num_envs = min(num_envs, episodes)
+    slots = store.allocate(num_envs)
+    run_ids = np.array([secrets.randbits(63) | 1 for _ in range(num_envs)], np.uint64)
+    envs = EvalEpisodes(problem, num_envs, recorder.on_frame if recorder else None)
+    results: dict[int, dict[str, float]] = {}
+    try:
+        envs.start(range(episodes))
+        while envs.playing:
+            pending = envs.pending()
+            results.update((f.episode, f.metrics) for f in pending.finished)
+            i = pending.env_indices
+            request = StepRequest(slots[i], run_ids[i], pending.observation, pending.reward, pending.terminated,
+                                  pending.truncated, pending.action_rewards, pending.actions_executed)
+            envs.advance(pending, inference([EvalRequest(request, agent)])[0])
+    finally:
+        envs.close()
+    return [results[e] for e in range(episodes)]
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    if not FLAGS.checkpoint:
+        logging.error("--checkpoint is required")
+        return 2
+    try:
+        checkpoint = load_checkpoint(FLAGS.checkpoint, FLAGS.device)
+        name = FLAGS.problem or checkpoint["problem"]
+        hparams = checkpoint["hparams"] if FLAGS.hparams is None else parse_hparams(FLAGS.hparams)
+        problem = load_problem(name, hparams)
+        agent = problem.make_agent().to(FLAGS.device)
+        check_fits(checkpoint, name, agent, FLAGS.checkpoint)
+    except (CheckpointError, UnknownProblemError) as e:
+        logging.error("%s", e)
+        return 2
+    agent.load_state_dict(checkpoint["model"])
+    agent.eval()
+    episodes = FLAGS.episodes or problem.config.eval_episodes
+    output = FLAGS.output or os.path.splitext(FLAGS.checkpoint)[0] + "-eval"
+    recorder = (EpisodeRecorder(problem, output, FLAGS.record_episodes, FLAGS.record_fps, FLAGS.record_format)
+                if FLAGS.record else None)
+    with torch.no_grad():
+        per_episode = evaluate(problem, agent, episodes, FLAGS.num_envs, torch.device(FLAGS.device), recorder)
+
+    names = sorted({k for metrics in per_episode for k in metrics})
+    table = {n: [m[n] for m in per_episode if n in m] for n in names}
+    print(f"{name} at policy version {checkpoint['policy_version']:,}, {episodes} episodes")
+    print(f"{'metric':<16} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}")
+    for n, values in table.items():
+        print(f"{n:<16} {np.mean(values):>10.3f} {np.std(values):>10.3f} {np.min(values):>10.3f} {np.max(values):>10.3f}")
+    os.makedirs(output, exist_ok=True)
+    report = {"problem": name, "hparams": hparams, "checkpoint": os.path.abspath(FLAGS.checkpoint),
+              "policy_version": checkpoint["policy_version"], "episodes": episodes,
+              "metrics": {n: float(np.mean(v)) for n, v in table.items()}, "per_episode": per_episode}
+    with open(os.path.join(output, "metrics.json"), "w") as f:
+        json.dump(report, f, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
+    if recorder is not None:
+        with SummaryWriter(output) as writer:
+            for n, mean in report["metrics"].items():
+                writer.add_scalar(f"eval/{n}", mean, checkpoint["policy_version"])
+            recorder.write_tensorboard(writer, checkpoint["policy_version"])
+        print(f"recorded {len(recorder.saved)} episodes in {output}")
+    print(f"metrics: {os.path.join(output, 'metrics.json')}")
+    return 0
+
+
+def run() -> None:
+    app.run(lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,127 @@
+"""Checkpoints: atomic files that resume a run exactly, and weights that load anywhere.
+
+A checkpoint is one `torch.save`d dict of tensors and plain values only, so it loads
+with `torch.load(path, weights_only=True)`: no pickled code runs when reading one.
+
+    format, problem, hparams, learner_config
+    model, optimizer                      state_dicts
+    trainer_steps, policy_version, env_steps, episodes, eval_rounds
+    rng                                   torch's global state and the learner's generators
+    best                                  the best eval metric so far (or None)
+
+Files live in `<logdir>/checkpoints/`: `ckpt-<trainer steps>.pt` (the last K are kept) and
+`best.pt` (the weights of the eval round with the best `best_metric`, no optimizer). Each
+is written to a temporary name, flushed to disk, then renamed over: a crash mid-save
+leaves the previous files whole, and a reader never sees half a file.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import re
+from typing import Any, Mapping
+
+import torch
+
+CHECKPOINT_FORMAT = 1
+_NAME = re.compile(r"ckpt-(\d+)\.pt$")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, unreadable, or does not fit this run."""
+
+
+def atomic_save(obj: Any, path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            torch.save(obj, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a power cut
+    finally:
+        os.close(dir_fd)
+
+
+def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
+    if not os.path.isfile(path):
+        raise CheckpointError(f"no checkpoint file at {path}")
+    try:
+        checkpoint = torch.load(path, map_location=map_location, weights_only=True)
+    except Exception as e:  # torch raises several types for a file that is not a checkpoint
+        raise CheckpointError(f"{path} is not a readable fleetrl checkpoint: {e}") from None
+    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT or "model" not in checkpoint:
+        raise CheckpointError(f"{path} is not a fleetrl checkpoint (format {CHECKPOINT_FORMAT})")
+    return checkpoint
+
+
+def check_fits(checkpoint: Mapping[str, Any], problem: str, model: torch.nn.Module, path: str) -> None:
+    """Raises CheckpointError naming the mismatch if `checkpoint` cannot load into `model`."""
+    if checkpoint["problem"] != problem:
+        raise CheckpointError(f"{path} was written by problem {checkpoint['problem']!r}, not {problem!r}")
+    expected = model.state_dict()
+    saved = checkpoint["model"]
+    missing, extra = expected.keys() - saved.keys(), saved.keys() - expected.keys()
+    if missing or extra:
+        raise CheckpointError(f"{path} does not fit the agent: missing {sorted(missing)}, unexpected {sorted(extra)}")
+    for name, tensor in expected.items():
+        if tuple(saved[name].shape) != tuple(tensor.shape):
+            raise CheckpointError(f"{path}: {name} has shape {list(saved[name].shape)} in the checkpoint and "
+                                  f"{list(tensor.shape)} in the agent (were the Problem's hparams the same?)")
+
+
+class CheckpointDir:
+    """The checkpoints of one run: periodic ones, pruned to the last `keep`, and the best."""
+
+    def __init__(self, directory: str, keep: int = 3):
+        if keep < 1:
+            raise ValueError(f"keep_checkpoints must be at least 1, got {keep}")
+        self.directory = directory
+        self.keep = keep
+
+    @property
+    def best_path(self) -> str:
+        return os.path.join(self.directory, "best.pt")
+
+    def periodic(self) -> list[str]:
+        """Complete periodic checkpoints, oldest first."""
+        found = []
+        for path in glob.glob(os.path.join(self.directory, "ckpt-*.pt")):
+            match = _NAME.search(os.path.basename(path))
+            if match:
+                found.append((int(match.group(1)), path))
+        return [path for _, path in sorted(found)]
+
+    def latest(self) -> str | None:
+        paths = self.periodic()
+        return paths[-1] if paths else None
+
+    def save(self, checkpoint: Mapping[str, Any]) -> str:
+        path = os.path.join(self.directory, f"ckpt-{checkpoint['trainer_steps']:010d}.pt")
+        atomic_save(dict(checkpoint), path)
+        for old in self.periodic()[:-self.keep]:
+            os.remove(old)
+        return path
+
+    def save_best(self, checkpoint: Mapping[str, Any]) -> str:
+        atomic_save(dict(checkpoint), self.best_path)
+        return self.best_path
+
+
+def export_weights(checkpoint_path: str, output_path: str) -> dict[str, Any]:
+    """Writes just the model's weights, with what is needed to rebuild the agent (problem,
+    hparams, policy version), loadable with `torch.load(output_path, weights_only=True)`."""
+    checkpoint = load_checkpoint(checkpoint_path)
+    exported = {"problem": checkpoint["problem"], "hparams": checkpoint["hparams"],
+                "policy_version": checkpoint["policy_version"], "model": checkpoint["model"]}
+    atomic_save(exported, output_path)
+    return exported

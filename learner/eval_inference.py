@@ -1,0 +1,64 @@
+"""Deterministic inference for evaluation: the same agent step as training, nothing recorded.
+
+Eval actors' requests carry the frozen agent of their eval round (see `eval_rounds`);
+requests that share an agent run as one forward pass. Each eval env keeps its recurrent
+state in its own store, which records no unrolls. `fleetrl.launch.evaluate` runs this
+same class in-process on a loaded checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from fleetrl.agents.base import Agent
+from fleetrl.learner.env_state_store import EnvStateStore
+from fleetrl.learner.inference import StepRequest
+from fleetrl.learner.tensor_tree import tree_to
+from fleetrl.problems.base import Problem
+
+
+@dataclasses.dataclass
+class EvalRequest:
+    step: StepRequest
+    agent: Agent
+
+    def __len__(self) -> int:
+        return len(self.step)
+
+
+class EvalInference:
+    def __init__(self, problem: Problem, store: EnvStateStore, device: torch.device):
+        self.problem = problem
+        self.store = store
+        self.device = device
+        self.env_steps = 0
+
+    @torch.no_grad()
+    def __call__(self, requests: Sequence[EvalRequest]) -> list[dict[str, np.ndarray]]:
+        replies: list[dict[str, np.ndarray]] = [{} for _ in requests]
+        groups: dict[int, list[int]] = {}
+        for i, request in enumerate(requests):
+            groups.setdefault(id(request.agent), []).append(i)
+        for members in groups.values():
+            actions = self._act(requests[members[0]].agent, [requests[i].step for i in members])
+            bounds = np.cumsum([0] + [len(requests[i]) for i in members])
+            for i, a, b in zip(members, bounds[:-1], bounds[1:]):
+                replies[i] = {k: v[a:b] for k, v in actions.items()}
+        return replies
+
+    def _act(self, agent: Agent, steps: Sequence[StepRequest]) -> dict[str, np.ndarray]:
+        slots = np.concatenate([s.slots for s in steps])
+        obs = {k: torch.from_numpy(np.concatenate([s.observation[k] for s in steps])) for k in steps[0].observation}
+        first, state, prev_action = self.store.begin_step(slots, np.concatenate([s.run_ids for s in steps]))
+        obs.update({f"prev_action/{k}": v for k, v in prev_action.items()})
+        device_obs = tree_to(obs, self.device)
+        out, new_state = agent.step(device_obs, first.to(self.device), tree_to(state, self.device))
+        actions = tree_to(self.problem.select_actor_action(out, device_obs, deterministic=True), "cpu")
+        ended = np.concatenate([s.terminated | s.truncated for s in steps])
+        self.store.end_step(slots, None, state, tree_to(new_state, "cpu"), actions, ended)
+        self.env_steps += int((~first).sum())
+        return {k: v.numpy() for k, v in actions.items()}

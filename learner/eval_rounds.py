@@ -1,0 +1,160 @@
+"""Evaluation rounds: the learner hands eval actors episodes of a fixed eval set.
+
+A round runs the Problem's whole eval set (episodes 0 .. eval_episodes-1, each from its
+own reset, `Problem.eval_reset`) once, with one frozen snapshot of the weights: so the
+round's metrics belong to exactly one policy version, and the best round's weights are
+that snapshot. Eval actors pull work (`GetEvalWork`) a few episodes at a time, so fast
+actors take more; the episodes of an actor that disconnects go back in the queue.
+
+A new round starts once `interval_s` has passed since the last one started. Rounds may
+overlap while stragglers finish (each with its own snapshot), up to `max_rounds_in_flight`.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import dataclasses
+import math
+import threading
+import time
+from typing import Callable
+
+from fleetrl.agents.base import Agent
+
+
+@dataclasses.dataclass
+class EvalResult:
+    """A complete round: the mean of every episode metric over the eval set."""
+
+    round: int
+    policy_version: int
+    metrics: dict[str, float]
+    episodes: int
+    agent: Agent  # the snapshot that played it
+
+
+@dataclasses.dataclass
+class _Round:
+    index: int
+    version: int
+    agent: Agent
+    pending: collections.deque[int]
+    running: dict[str, set[int]] = dataclasses.field(default_factory=dict)
+    results: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class Work:
+    round: int = 0
+    policy_version: int = 0
+    episodes: list[int] = dataclasses.field(default_factory=list)
+    retry_after_s: float = 0.0
+
+
+class EvalRounds:
+    def __init__(self, snapshot: Callable[[], tuple[Agent, int]], episodes: int, interval_s: float,
+                 on_complete: Callable[[EvalResult], None], max_rounds_in_flight: int = 2,
+                 clock: Callable[[], float] = time.monotonic):
+        """`snapshot` returns a frozen copy of the agent and its policy version."""
+        if episodes < 1:
+            raise ValueError(f"eval_episodes must be at least 1, got {episodes}")
+        self._snapshot = snapshot
+        self.episodes = episodes
+        self.interval_s = interval_s
+        self._on_complete = on_complete
+        self._max_in_flight = max_rounds_in_flight
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._rounds: dict[int, _Round] = {}
+        self._actor_round: dict[str, int] = {}
+        # Kept past its round's end: the step that reports an actor's last episode still needs actions.
+        self._actor_snapshot: dict[str, tuple[Agent, int]] = {}
+        self._next_index = 0
+        self._last_start = -math.inf
+        self.completed = 0
+        self.last: EvalResult | None = None
+
+    def work(self, actor_id: str, max_episodes: int) -> Work:
+        """Up to `max_episodes` episodes for `actor_id`, which asks only when its last ones are done."""
+        with self._lock:
+            self._requeue(actor_id)  # anything still listed as running was lost (say, a reconnect)
+            self._actor_snapshot.pop(actor_id, None)
+            round_ = next((r for r in self._rounds.values() if r.pending), None)
+            if round_ is None:
+                wait = self._last_start + self.interval_s - self._clock()
+                if wait > 0 or len(self._rounds) >= self._max_in_flight:
+                    return Work(retry_after_s=min(max(wait, 0.2), 5.0))
+                round_ = self._start_round()
+            taken = [round_.pending.popleft() for _ in range(min(max_episodes, len(round_.pending)))]
+            round_.running[actor_id] = set(taken)
+            self._actor_round[actor_id] = round_.index
+            self._actor_snapshot[actor_id] = (round_.agent, round_.version)
+            return Work(round=round_.index, policy_version=round_.version, episodes=taken)
+
+    def agent_for(self, actor_id: str) -> tuple[Agent, int] | None:
+        """The snapshot (and its version) that `actor_id`'s current episodes run with."""
+        with self._lock:
+            return self._actor_snapshot.get(actor_id)
+
+    def record(self, actor_id: str, episode: int, metrics: dict[str, float]) -> None:
+        """An episode of `actor_id`'s current round ended with `metrics`."""
+        with self._lock:
+            round_ = self._rounds.get(self._actor_round.get(actor_id, -1))
+            running = round_.running.get(actor_id, set()) if round_ is not None else set()
+            if episode not in running:
+                raise ValueError(f"eval episode {episode} was not assigned to actor {actor_id!r}")
+            running.discard(episode)
+            round_.results[episode] = dict(metrics)
+            if len(round_.results) < self.episodes:
+                return
+            del self._rounds[round_.index]
+            result = EvalResult(round=round_.index, policy_version=round_.version, episodes=self.episodes,
+                                metrics=_means(round_.results.values()), agent=round_.agent)
+            self.completed += 1
+            self.last = result
+        self._on_complete(result)
+
+    def resume(self, completed_rounds: int) -> None:
+        """Continues round numbering after a restart."""
+        with self._lock:
+            self._next_index = self.completed = completed_rounds
+
+    def disconnect(self, actor_id: str) -> None:
+        with self._lock:
+            self._requeue(actor_id)
+            self._actor_round.pop(actor_id, None)
+            self._actor_snapshot.pop(actor_id, None)
+
+    def _requeue(self, actor_id: str) -> None:
+        for round_ in self._rounds.values():
+            lost = round_.running.pop(actor_id, set())
+            round_.pending.extendleft(sorted(lost, reverse=True))
+
+    def _start_round(self) -> _Round:
+        agent, version = self._snapshot()
+        round_ = _Round(index=self._next_index, version=version, agent=agent,
+                        pending=collections.deque(range(self.episodes)))
+        self._rounds[round_.index] = round_
+        self._next_index += 1
+        self._last_start = self._clock()
+        return round_
+
+
+def _means(episodes) -> dict[str, float]:
+    sums: dict[str, float] = collections.defaultdict(float)
+    counts: dict[str, int] = collections.defaultdict(int)
+    for metrics in episodes:
+        for name, value in metrics.items():
+            sums[name] += value
+            counts[name] += 1
+    return {name: sums[name] / counts[name] for name in sums}
+
+
+def frozen_copy(agent: Agent) -> Agent:
+    """A copy of `agent` for evaluation: its own weights, no gradients."""
+    snapshot = copy.deepcopy(agent)
+    snapshot.eval()
+    for parameter in snapshot.parameters():
+        parameter.requires_grad_(False)
+    return snapshot

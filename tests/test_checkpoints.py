@@ -1,0 +1,149 @@
+"""Checkpoints: atomic saves that survive SIGKILL, exact resume, warm start, export, clear errors."""
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from fleetrl.learner.checkpoint import CheckpointDir, CheckpointError, export_weights, load_checkpoint
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.learner import Learner
+from fleetrl.problems import load_problem
+
+from helpers import running_learner
+
+
+def learner_on(logdir, **overrides) -> Learner:
+    return Learner(LearnerConfig(bind="127.0.0.1:0", logdir=str(logdir), **overrides))
+
+
+def train_a_little(learner: Learner) -> None:
+    """A few real optimizer steps, so the optimizer has state and the counters move."""
+    from test_trainer import batch_of_unrolls
+
+    for _ in range(3):
+        learner.scalars.add_all(learner.trainer.update(batch_of_unrolls(learner.problem, learner.agent)))
+    learner.inference.env_steps += 1234
+    learner.episodes.total += 7
+
+
+def test_a_restarted_learner_resumes_weights_optimizer_counters_and_rng(tmp_path):
+    first = learner_on(tmp_path)
+    train_a_little(first)
+    first.save_checkpoint()
+    saved_optimizer = first.optimizer.state_dict()
+    first.server.stop(0)
+
+    second = learner_on(tmp_path)
+    assert second.resumed_from is not None and second.resumed_from.endswith("ckpt-0000000003.pt")
+    assert (second.trainer.steps, second.policy.version) == (3, 3)
+    assert (second.inference.env_steps, second.episodes.total) == (first.inference.env_steps, 7)
+    for name, value in first.agent.state_dict().items():
+        assert torch.equal(second.agent.state_dict()[name], value), name
+    restored = second.optimizer.state_dict()
+    assert restored["state"].keys() == saved_optimizer["state"].keys()
+    for key, state in saved_optimizer["state"].items():
+        assert torch.equal(restored["state"][key]["exp_avg"], state["exp_avg"])
+        assert torch.equal(restored["state"][key]["exp_avg_sq"], state["exp_avg_sq"])
+    assert torch.equal(second.trainer.shuffle_generator.get_state(), first.trainer.shuffle_generator.get_state())
+    second.server.stop(0)
+
+
+def test_checkpoints_load_without_pickled_code_and_only_the_last_k_are_kept(tmp_path):
+    learner = learner_on(tmp_path, keep_checkpoints=2)
+    for _ in range(4):
+        train_a_little(learner)
+        learner.save_checkpoint()
+    learner.server.stop(0)
+    paths = CheckpointDir(str(tmp_path / "checkpoints")).periodic()
+    assert [os.path.basename(p) for p in paths] == ["ckpt-0000000009.pt", "ckpt-0000000012.pt"]
+    checkpoint = torch.load(paths[-1], weights_only=True)
+    assert checkpoint["problem"] == "cartpole" and checkpoint["trainer_steps"] == 12
+    assert checkpoint["learner_config"]["keep_checkpoints"] == 2 and "optimizer" in checkpoint
+
+
+def test_warm_start_and_export_round_trip(tmp_path):
+    source = learner_on(tmp_path / "a")
+    train_a_little(source)
+    path = source.save_checkpoint()
+    source.server.stop(0)
+
+    warm = learner_on(tmp_path / "b", init_checkpoint=path)
+    assert warm.resumed_from is None and warm.trainer.steps == 0 and warm.inference.env_steps == 0
+    observation = {"observation": torch.randn(5, 4)}
+    first = torch.ones(5, dtype=torch.bool)
+    with torch.no_grad():
+        want, _ = source.agent.step(observation, first, source.agent.initial_state(observation))
+        got, _ = warm.agent.step(observation, first, warm.agent.initial_state(observation))
+    torch.testing.assert_close(got, want)
+    warm.server.stop(0)
+
+    exported = tmp_path / "model.pt"
+    export_weights(path, str(exported))
+    weights = torch.load(exported, weights_only=True)
+    agent = load_problem(weights["problem"], weights["hparams"]).make_agent()
+    agent.load_state_dict(weights["model"])
+    with torch.no_grad():
+        again, _ = agent.step(observation, first, agent.initial_state(observation))
+    torch.testing.assert_close(again, want)
+
+
+def test_checkpoints_that_do_not_fit_are_refused_by_name(tmp_path):
+    learner = learner_on(tmp_path / "run")
+    path = learner.save_checkpoint()
+    learner.server.stop(0)
+    with pytest.raises(CheckpointError, match="written by problem 'cartpole', not 'grid_nav'"):
+        learner_on(tmp_path / "other", problem="grid_nav", init_checkpoint=path)
+    with pytest.raises(CheckpointError, match=r"body\.0\.weight has shape \[64, 4\] in the checkpoint and \[32, 4\]"):
+        learner_on(tmp_path / "narrow", hparams={"hidden_sizes": "[32,32]"}, init_checkpoint=path)
+    with pytest.raises(CheckpointError, match="no checkpoint file at"):
+        learner_on(tmp_path / "missing", init_checkpoint=str(tmp_path / "nope.pt"))
+    garbage = tmp_path / "garbage.pt"
+    garbage.write_bytes(b"not a checkpoint")
+    with pytest.raises(CheckpointError, match="is not a readable fleetrl checkpoint"):
+        load_checkpoint(str(garbage))
+
+
+SAVER = textwrap.dedent("""
+    import sys, torch
+    from fleetrl.learner.checkpoint import CheckpointDir
+    checkpoints = CheckpointDir(sys.argv[1], keep=2)
+    step = int(sys.argv[2])
+    weights = torch.zeros(4_000_000)  # 16 MB: each save takes long enough to be killed inside
+    print("ready", flush=True)
+    while True:
+        step += 1
+        checkpoints.save({"format": 1, "problem": "p", "model": {"w": weights + step}, "trainer_steps": step})
+""")
+
+
+def test_sigkill_during_saves_never_breaks_the_latest_checkpoint(tmp_path):
+    directory = str(tmp_path / "checkpoints")
+    rng = np.random.default_rng(0)
+    step = 0
+    for _ in range(15):
+        saver = subprocess.Popen([sys.executable, "-c", SAVER, directory, str(step)], stdout=subprocess.PIPE)
+        assert saver.stdout.readline().strip() == b"ready"
+        time.sleep(rng.uniform(0.05, 0.6))
+        saver.send_signal(signal.SIGKILL)
+        saver.wait()
+        latest = CheckpointDir(directory).latest()
+        if latest is None:
+            continue
+        checkpoint = load_checkpoint(latest)
+        step = checkpoint["trainer_steps"]
+        assert torch.all(checkpoint["model"]["w"] == step), "a checkpoint holds another save's data"
+        assert os.path.basename(latest) == f"ckpt-{step:010d}.pt"
+    assert step > 0, "no save ever completed"
+
+
+def test_a_learner_writes_a_final_checkpoint_when_the_run_ends(tmp_path):
+    with running_learner(tmp_path, checkpoint_interval_s=0) as learner:
+        assert CheckpointDir(os.path.join(learner.config.logdir, "checkpoints")).latest() is None
+    assert CheckpointDir(os.path.join(learner.config.logdir, "checkpoints")).latest() is not None

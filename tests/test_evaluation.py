@@ -1,0 +1,107 @@
+"""Evaluation: eval rounds handed to eval actors, and standalone evaluation with recordings."""
+
+import json
+import subprocess
+import sys
+
+import imageio.v3 as iio
+import pytest
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.eval_rounds import EvalRounds
+
+
+class Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def rounds_of(episodes=5, interval_s=10.0):
+    versions = iter(range(100, 1000, 100))
+    done = []
+    clock = Clock()
+    rounds = EvalRounds(lambda: (torch.nn.Linear(1, 1), next(versions)), episodes, interval_s, done.append,
+                        clock=clock)
+    return rounds, done, clock
+
+
+def test_a_round_hands_out_the_eval_set_once_and_averages_it_at_one_version():
+    rounds, done, clock = rounds_of()
+    a, b = rounds.work("a", 2), rounds.work("b", 2)
+    assert (a.episodes, b.episodes) == ([0, 1], [2, 3]) and a.policy_version == b.policy_version == 100
+    assert rounds.agent_for("a")[0] is rounds.agent_for("b")[0]  # one frozen snapshot per round
+    for episode in a.episodes:
+        rounds.record("a", episode, {"return": float(episode)})
+    c = rounds.work("a", 2)  # fast actors take more
+    assert c.episodes == [4] and c.round == 0
+    rounds.record("a", 4, {"return": 4.0})
+    for episode in b.episodes:
+        rounds.record("b", episode, {"return": float(episode), "success": 1.0})
+    (result,) = done
+    assert result.policy_version == 100 and result.metrics == {"return": 2.0, "success": 1.0}
+    # The next round waits for the interval, then runs at the newer version.
+    assert rounds.work("a", 2).retry_after_s > 0
+    clock.now = 10.0
+    assert rounds.work("a", 2).policy_version == 200
+
+
+def test_episodes_of_a_vanished_actor_go_to_the_others():
+    rounds, done, _ = rounds_of(episodes=3)
+    assert rounds.work("a", 2).episodes == [0, 1]
+    rounds.disconnect("a")
+    assert rounds.work("b", 3).episodes == [0, 1, 2]
+    with pytest.raises(ValueError, match="eval episode 1 was not assigned to actor 'a'"):
+        rounds.record("a", 1, {"return": 1.0})
+
+
+def checkpoint_of_an_untrained(tmp_path, problem, **hparams):
+    from fleetrl.learner.learner import Learner
+
+    learner = Learner(LearnerConfig(problem=problem, bind="127.0.0.1:0", logdir=str(tmp_path / "run"),
+                                    hparams=hparams))
+    path = learner.save_checkpoint()
+    learner.server.stop(0)
+    return path
+
+
+@pytest.mark.parametrize("video_format", ["gif", "mp4"])
+def test_standalone_evaluation_records_image_episodes(tmp_path, video_format):
+    checkpoint = checkpoint_of_an_untrained(tmp_path, "grid_nav", max_steps="12")
+    out = tmp_path / "eval"
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetrl.launch.evaluate", f"--checkpoint={checkpoint}", "--episodes=5",
+         "--num_envs=2", "--record", "--record_episodes=3", f"--record_format={video_format}", f"--output={out}"],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert "return" in result.stdout and "success" in result.stdout  # the table
+    report = json.loads((out / "metrics.json").read_text())
+    assert report["episodes"] == 5 and len(report["per_episode"]) == 5
+    lengths = [episode["length"] for episode in report["per_episode"]]
+    for episode in range(3):
+        frames = iio.imread(out / f"episode_{episode:04d}.{video_format}", index=None,
+                            **({"plugin": "FFMPEG"} if video_format == "mp4" else {}))
+        # The reset frame plus one per step (GIF merges identical consecutive frames into a
+        # longer one); 9x9 cells of 8 pixels (MP4 pads to a multiple of 16).
+        if video_format == "mp4":
+            assert frames.shape[0] == lengths[episode] + 1
+        else:
+            assert 2 <= frames.shape[0] <= lengths[episode] + 1
+        assert frames.shape[1] >= 72
+    assert not (out / f"episode_0003.{video_format}").exists()
+    events = EventAccumulator(str(out), size_guidance={"images": 0})
+    events.Reload()
+    assert sorted(events.Tags()["images"]) == ["eval/episode_0000", "eval/episode_0001", "eval/episode_0002"]
+    assert events.Images("eval/episode_0000")[0].encoded_image_string[:6] == b"GIF89a"
+
+
+def test_evaluating_a_problem_without_images_with_record_fails_clearly(tmp_path):
+    checkpoint = checkpoint_of_an_untrained(tmp_path, "cartpole", max_episode_steps="20")
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetrl.launch.evaluate", f"--checkpoint={checkpoint}", "--episodes=1", "--record",
+         f"--output={tmp_path / 'eval'}"], capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "has no image observation to record" in result.stderr
