@@ -96,6 +96,7 @@ class Learner:
                                       self._eval_complete)
         self._eval_lock = threading.Lock()
         self._eval_writer: SummaryWriter | None = None
+        self._last_eval_step = -1
         if config.best_mode not in ("max", "min"):
             raise ValueError(f"best_mode must be max or min, got {config.best_mode!r}")
         self._best: float | None = None
@@ -108,6 +109,7 @@ class Learner:
         self._last_checkpoint = (time.monotonic(), self.trainer.steps)
         # (time, env steps, trainer steps, inference batches, envs inferred) at the last summary write
         self._last_counts = (self._started, self.inference.env_steps, self.trainer.steps, 0, 0)
+        self._summaries_written = False
 
         self.service = LearnerService(ServedRun(
             problem=config.problem, hparams=dict(config.hparams),
@@ -264,7 +266,10 @@ class Learner:
                   "trainer_steps": self.trainer.steps, "env_steps": self.inference.env_steps, **result.metrics}
         value = result.metrics.get(self.config.best_metric)
         with self._eval_lock:
-            if self._eval_writer is not None:
+            # Rounds overlapping with stragglers may finish out of order; TensorBoard's step
+            # axis only moves forward (eval.jsonl keeps every round).
+            if self._eval_writer is not None and result.policy_version > self._last_eval_step:
+                self._last_eval_step = result.policy_version
                 for name, mean in result.metrics.items():
                     tag = f"eval/episode_{name}" if name in ("return", "length") else f"eval/{name}"
                     self._eval_writer.add_scalar(tag, mean, global_step=result.policy_version)
@@ -287,6 +292,9 @@ class Learner:
         now = time.monotonic()
         t0, steps0, train0, batches0, envs0 = self._last_counts
         steps, train = self.inference.env_steps, self.trainer.steps
+        if steps == steps0 and self._summaries_written:
+            return  # the step axis is env steps: writing again at the same one would repeat a step
+        self._summaries_written = True
         batches, envs = self.inference.batches, self.inference.batch_envs
         self._last_counts = (now, steps, train, batches, envs)
         elapsed = max(now - t0, 1e-9)

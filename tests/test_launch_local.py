@@ -292,14 +292,17 @@ def test_eval_actors_write_eval_summaries_and_the_best_checkpoint_evaluates_alik
 @pytest.mark.slow
 def test_a_restarted_run_continues_its_counters_and_curves_and_keeps_improving(tmp_path):
     first = train_for(tmp_path, *PPO_CARTPOLE, "--hparams=algorithm=ppo", "--total_env_steps=30000")
-    second = train_for(tmp_path, *PPO_CARTPOLE, "--hparams=algorithm=ppo", "--total_env_steps=100000")
-    assert first["env_steps"] >= 30000 and second["env_steps"] >= 100000
+    second = train_for(tmp_path, *PPO_CARTPOLE, "--hparams=algorithm=ppo", "--total_env_steps=150000")
+    assert first["env_steps"] >= 30000 and second["env_steps"] >= 150000
     assert second["trainer_steps"] > first["trainer_steps"]
-    assert second["mean_episode_return"] > first["mean_episode_return"] + 50
     assert "resumed from" in (tmp_path / "logs" / "learner.log").read_text()
 
     events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
     events.Reload()  # applies TensorBoard's purge of what the first run wrote after its checkpoint
+    returns = [(e.step, e.value) for e in events.Scalars("train/episode_return")]
+    before = max(v for step, v in returns if step <= first["env_steps"])
+    after = max(v for step, v in returns if step > first["env_steps"])
+    assert after > before + 100, (before, after)  # training went on improving
     versions = events.Scalars("learner/policy_version")
     steps = [e.step for e in versions]
     assert steps == sorted(set(steps)), "a TensorBoard step went backwards or repeated"
