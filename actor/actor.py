@@ -25,6 +25,7 @@ import grpc
 import numpy as np
 
 from fleetrl import PROTOCOL_VERSION
+from fleetrl.actor.channel import learner_channel
 from fleetrl.actor.config import ActorConfig
 from fleetrl.actor.episode_tracker import EpisodeTracker
 from fleetrl.actor.eval_episodes import EvalEpisodes, Pending
@@ -32,6 +33,7 @@ from fleetrl.envs.vector import make_vector_env
 from fleetrl.problems.base import Problem
 from fleetrl.problems.registry import load_problem
 from fleetrl.proto import learner_pb2 as pb
+from fleetrl.proto.auth import read_token
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
 from fleetrl.proto.tensors import decode_all, encode, encode_all
 
@@ -50,9 +52,12 @@ class Actor:
     def __init__(self, config: ActorConfig, problem: Problem | None = None):
         self.config = config
         self.actor_id = config.actor_id or f"{socket.gethostname()}:{os.getpid()}"
-        message_bytes = config.max_message_mb * 1024 * 1024
-        self._channel = grpc.insecure_channel(config.learner_address, options=[
-            ("grpc.max_receive_message_length", message_bytes), ("grpc.max_send_message_length", message_bytes)])
+        try:
+            token = read_token(config.auth_token_file)
+            self._channel = learner_channel(config.learner_address, config.max_message_mb * 1024 * 1024, token,
+                                            config.tls_ca, config.tls_cert, config.tls_key, config.tls_server_name)
+        except ValueError as e:
+            raise ActorError(str(e)) from None
         self._stub = pb_grpc.LearnerStub(self._channel)
         self._problem = problem
         self.steps_sent = 0

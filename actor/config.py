@@ -23,3 +23,11 @@ class ActorConfig:
     # How long to keep trying to (re)connect before giving up with a non-zero exit.
     max_reconnect_s: float = 60.0
     max_message_mb: int = 64
+    # Security: the shared token (this file, or $FLEETRL_AUTH_TOKEN); TLS when tls_ca is set
+    # (the CA that signed the learner's certificate), mutual TLS with tls_cert and tls_key.
+    auth_token_file: str = ""
+    tls_ca: str = ""
+    tls_cert: str = ""
+    tls_key: str = ""
+    # The name the learner's certificate carries, when it differs from the address's host.
+    tls_server_name: str = ""

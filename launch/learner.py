@@ -1,8 +1,9 @@
 """Runs a learner: `python -m fleetrl.launch.learner --problem=cartpole --logdir=... --bind=HOST:PORT`.
 
 It serves actors until the run ends (total_env_steps, target_mean_return, SIGTERM or
-Ctrl-C), then writes `summary.json` to the logdir. Exit code: 0, or 1 when a target
-return was set and not reached. The bound address is written to `<logdir>/learner_address`
+Ctrl-C), then writes a final checkpoint and `summary.json` to the logdir. Exit code: 0
+(also when stopped by SIGTERM or SIGINT), 1 when a target return was set and the run
+ended without reaching it, 2 for a bad configuration. The bound address is written to `<logdir>/learner_address`
 (useful with --bind=127.0.0.1:0).
 """
 
@@ -28,12 +29,12 @@ def main(argv: list[str]) -> int:
     config = from_flags(LearnerConfig)
     try:
         learner = Learner(config)
-    except UnknownProblemError as e:
+    except (UnknownProblemError, ValueError) as e:
         logging.error("%s", e)
         return 2
-    if not config.bind.startswith(("127.", "localhost", "unix:", "[::1]")):
+    if not config.bind.startswith(("127.", "localhost", "unix:", "[::1]")) and not learner.authenticated:
         logging.warning("serving %s to other hosts without authentication: anyone who can reach this "
-                        "address can join the run", config.bind)
+                        "address can join the run (set --auth_token_file or --tls_client_ca)", config.bind)
     os.makedirs(config.logdir, exist_ok=True)
     tmp = os.path.join(config.logdir, "learner_address.tmp")
     with open(tmp, "w") as f:
@@ -41,7 +42,10 @@ def main(argv: list[str]) -> int:
     os.replace(tmp, os.path.join(config.logdir, "learner_address"))
     logging.info("learner for %s serving on %s, logdir %s", config.problem, learner.address, config.logdir)
 
+    signalled = []
+
     def on_signal(signum, frame):
+        signalled.append(signum)
         learner.finish(f"stopped by {signal.Signals(signum).name}")
 
     signal.signal(signal.SIGTERM, on_signal)
@@ -50,7 +54,7 @@ def main(argv: list[str]) -> int:
     logging.info("run ended: %s; %s env steps, %s episodes, mean return %.1f, %s trainer steps, %.0fs",
                  summary.reason, f"{summary.env_steps:,}", summary.episodes, summary.mean_episode_return,
                  summary.trainer_steps, summary.wall_s)
-    return 1 if summary.target_reached is False else 0
+    return 1 if summary.target_reached is False and not signalled else 0
 
 
 def run() -> None:

@@ -37,6 +37,8 @@ class LearnerConfig:
     max_actors: int = 64
     # A handshake asking for more envs is refused: each env holds a partial unroll.
     max_envs_per_actor: int = 1024
+    # Largest message accepted; a larger one is rejected with INVALID_ARGUMENT, up to the
+    # transport's hard cap of 4x this (beyond it gRPC answers RESOURCE_EXHAUSTED).
     max_message_mb: int = 64
     device: str = "cpu"
     seed: int = 0
@@ -55,3 +57,13 @@ class LearnerConfig:
     best_mode: str = "max"  # or "min"
     # Warm start: the weights (only) of this checkpoint, into a new run.
     init_checkpoint: str = ""
+
+    # Security (see fleetrl.learner.security). A shared token, read from this file or from
+    # $FLEETRL_AUTH_TOKEN: calls without it get UNAUTHENTICATED.
+    auth_token_file: str = ""
+    # TLS: the server's certificate and key (PEM); with a client CA, mutual TLS.
+    tls_cert: str = ""
+    tls_key: str = ""
+    tls_client_ca: str = ""
+    # A stream that sends no handshake within this long is cancelled.
+    handshake_timeout_s: float = 10.0

@@ -39,14 +39,15 @@ from fleetrl.learner.group_scores import GroupScores
 from fleetrl.learner.inference import InferenceStep, PolicyVersion
 from fleetrl.learner.inference_batcher import InferenceBatcher
 from fleetrl.learner.metrics import EpisodeWindow, RateMeter, ScalarMeans
-from fleetrl.learner.server import LearnerService, ServedRun
+from fleetrl.learner.security import TokenCheck, server_credentials, server_options
+from fleetrl.learner.server import LearnerService, ServedRun, learner_handler
 from fleetrl.learner.trainer import Trainer
 from fleetrl.learner.unroll import CHUNK_FIELDS, STEP_FIELDS
 from fleetrl.learner.unroll_queue import UnrollQueue
 from fleetrl.problems.base import Problem
 from fleetrl.problems.registry import load_problem
 from fleetrl.proto import learner_pb2 as pb
-from fleetrl.proto import learner_pb2_grpc as pb_grpc
+from fleetrl.proto.auth import read_token
 
 
 @dataclasses.dataclass
@@ -118,16 +119,26 @@ class Learner:
             policy_version=lambda: self.policy.version, max_envs_per_actor=config.max_envs_per_actor,
             group_scores=self.group_scores, chunk_size=self.problem.config.chunk_size,
             eval_store=self.eval_store, eval_batcher=self.eval_batcher, eval_rounds=self.eval_rounds,
+            handshake_timeout_s=config.handshake_timeout_s,
         ))
-        message_bytes = config.max_message_mb * 1024 * 1024
+        limit_bytes = config.max_message_mb * 1024 * 1024
+        token = read_token(config.auth_token_file)
+        self.authenticated = bool(token or config.tls_client_ca)
         self.server = grpc.server(
             futures.ThreadPoolExecutor(max_workers=config.max_actors + 4, thread_name_prefix="actor-stream"),
             maximum_concurrent_rpcs=config.max_actors + 4,
-            options=[("grpc.max_receive_message_length", message_bytes),
-                     ("grpc.max_send_message_length", message_bytes)],
+            # Above the service's own limit, so that it, not the transport, rejects a big message.
+            options=server_options(4 * limit_bytes),
+            interceptors=[TokenCheck(token, self.service.count_rejection)] if token else [],
         )
-        pb_grpc.add_LearnerServicer_to_server(self.service, self.server)
-        port = self.server.add_insecure_port(config.bind)
+        self.server.add_generic_rpc_handlers((learner_handler(self.service, limit_bytes),))
+        if config.tls_cert or config.tls_key:
+            credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+            port = self.server.add_secure_port(config.bind, credentials)
+        else:
+            if config.tls_client_ca:
+                raise ValueError("--tls_client_ca needs --tls_cert and --tls_key")
+            port = self.server.add_insecure_port(config.bind)
         if port == 0 and not config.bind.startswith("unix:"):
             raise OSError(f"cannot bind the learner to {config.bind}")
         self.address = config.bind if config.bind.startswith("unix:") else f"{config.bind.rsplit(':', 1)[0]}:{port}"

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 
 import grpc
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from fleetrl import PROTOCOL_VERSION
 from fleetrl.learner.env_state_store import EnvStateStore
@@ -48,6 +49,7 @@ class ServedRun:
     policy_version: Callable[[], int]
     max_envs_per_actor: int
     group_scores: GroupScores | None = None
+    handshake_timeout_s: float = 10.0
     chunk_size: int = 1  # actions per step; > 1: steps carry per-action rewards
     # Eval actors (mode EVAL): their own state store and batcher, and the rounds they play.
     eval_store: EnvStateStore | None = None
@@ -89,9 +91,19 @@ class LearnerService(pb_grpc.LearnerServicer):
                            retry_after_s=work.retry_after_s)
 
     def Stream(self, request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
-        first = next(request_iterator, None)
+        # A connection that never says who it is must not hold a worker thread forever.
+        deadline = threading.Timer(self.run.handshake_timeout_s, self._drop_silent, args=(context,))
+        deadline.start()
+        try:
+            first = next(request_iterator, None)
+        except grpc.RpcError:
+            first = None
+        finally:
+            deadline.cancel()
         if first is None:
             return
+        if isinstance(first, UnreadableMessage):
+            self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, first.reason)
         if first.WhichOneof("kind") != "handshake":
             self._reject(context, grpc.StatusCode.INVALID_ARGUMENT,
                          "the first message of a stream must be a handshake, got a step")
@@ -119,6 +131,8 @@ class LearnerService(pb_grpc.LearnerServicer):
             for message in request_iterator:
                 if self.run.finished.is_set():
                     break
+                if isinstance(message, UnreadableMessage):
+                    self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {handshake.actor_id!r}: {message.reason}")
                 if message.WhichOneof("kind") != "step":
                     self._reject(context, grpc.StatusCode.INVALID_ARGUMENT,
                                  "handshake repeated: a stream has exactly one handshake, as its first message")
@@ -170,9 +184,16 @@ class LearnerService(pb_grpc.LearnerServicer):
         with self._rejected_lock:
             return self._rejected
 
-    def _reject(self, context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    def count_rejection(self) -> None:
         with self._rejected_lock:
             self._rejected += 1
+
+    def _drop_silent(self, context: grpc.ServicerContext) -> None:
+        self.count_rejection()
+        context.cancel()
+
+    def _reject(self, context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+        self.count_rejection()
         context.abort(code, message)
 
     def _check_handshake(self, handshake: pb.Handshake) -> str | None:
@@ -266,3 +287,42 @@ class LearnerService(pb_grpc.LearnerServicer):
                 tag = f"episode_{name}" if name in ("return", "length") else name
                 self.run.scalars.add(f"{prefix}/{tag}", value)
         self.run.episodes.extend(metrics for (_, metrics, _), teacher in zip(episodes, forced) if not teacher)
+
+
+@dataclasses.dataclass
+class UnreadableMessage:
+    """Handed to `Stream` in place of a message it must reject: too big, or not a message."""
+
+    reason: str
+
+
+def learner_handler(service: LearnerService, limit_bytes: int) -> grpc.GenericRpcHandler:
+    """The Learner service with a request reader that lets `Stream` reject an oversize or
+    unparsable message with INVALID_ARGUMENT (gRPC itself would answer RESOURCE_EXHAUSTED or
+    INTERNAL). The transport's own limit must be above `limit_bytes`."""
+
+    def read_actor_message(data: bytes) -> pb.ActorMessage | UnreadableMessage:
+        if len(data) > limit_bytes:
+            return UnreadableMessage(f"a message of {len(data):,} bytes is over the limit of {limit_bytes:,} "
+                                     "(--max_message_mb)")
+        try:
+            return pb.ActorMessage.FromString(data)
+        except DecodeError as e:
+            return UnreadableMessage(f"the message is not a valid ActorMessage: {e}")
+
+    def unary(method, request_type, response_type):
+        return grpc.unary_unary_rpc_method_handler(method, request_deserializer=request_type.FromString,
+                                                   response_serializer=response_type.SerializeToString)
+
+    handlers = {
+        "Stream": grpc.stream_stream_rpc_method_handler(
+            service.Stream, request_deserializer=read_actor_message,
+            response_serializer=pb.LearnerMessage.SerializeToString),
+        "GetRunInfo": unary(service.GetRunInfo, pb.RunInfoRequest, pb.RunInfo),
+        "GetStatus": unary(service.GetStatus, pb.StatusRequest, pb.Status),
+        "GetEvalWork": unary(service.GetEvalWork, pb.EvalWorkRequest, pb.EvalWork),
+    }
+    declared = set(pb.DESCRIPTOR.services_by_name["Learner"].methods_by_name)
+    if declared != set(handlers):
+        raise RuntimeError(f"learner_handler serves {sorted(handlers)} but learner.proto declares {sorted(declared)}")
+    return grpc.method_handlers_generic_handler("fleetrl.Learner", handlers)

@@ -1,0 +1,129 @@
+"""Who may talk to the learner: the shared token, TLS and mutual TLS, with certificates made here."""
+
+import datetime
+import ipaddress
+import threading
+
+import grpc
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from fleetrl.actor.actor import Actor, ActorError
+from fleetrl.actor.channel import learner_channel
+from fleetrl.actor.config import ActorConfig
+from fleetrl.proto import learner_pb2 as pb
+from fleetrl.proto import learner_pb2_grpc as pb_grpc
+
+from helpers import running_learner
+
+
+def certificate(name: str, issuer=None, is_ca=False):
+    """A key and a certificate for `name`, signed by `issuer` (a key, certificate pair) or self-signed."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
+    signer_key, signer_cert = issuer or (key, None)
+    now = datetime.datetime.now(datetime.timezone.utc)
+    builder = (x509.CertificateBuilder().subject_name(subject)
+               .issuer_name(signer_cert.subject if signer_cert else subject)
+               .public_key(key.public_key()).serial_number(x509.random_serial_number())
+               .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
+               .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True))
+    if not is_ca:
+        builder = builder.add_extension(x509.SubjectAlternativeName(
+            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+    return key, builder.sign(signer_key, hashes.SHA256())
+
+
+def write_pem(directory, name, key, cert):
+    key_path, cert_path = directory / f"{name}.key", directory / f"{name}.crt"
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    return str(key_path), str(cert_path)
+
+
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory):
+    """A CA that signs the learner and a good client; a stranger's CA that signs another client."""
+    directory = tmp_path_factory.mktemp("pki")
+    ca = certificate("fleetrl test CA", is_ca=True)
+    stranger_ca = certificate("stranger CA", is_ca=True)
+    files = {"ca": write_pem(directory, "ca", *ca)[1]}
+    files["server_key"], files["server_cert"] = write_pem(directory, "server", *certificate("localhost", ca))
+    files["client_key"], files["client_cert"] = write_pem(directory, "client", *certificate("actor", ca))
+    files["stranger_key"], files["stranger_cert"] = write_pem(directory, "stranger",
+                                                              *certificate("actor", stranger_ca))
+    return files
+
+
+def status(channel) -> grpc.StatusCode:
+    try:
+        pb_grpc.LearnerStub(channel).GetStatus(pb.StatusRequest(), timeout=5)
+        return grpc.StatusCode.OK
+    except grpc.RpcError as e:
+        return e.code()
+    finally:
+        channel.close()
+
+
+def test_calls_without_the_right_token_are_unauthenticated(tmp_path):
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token\n")
+    with running_learner(tmp_path, auth_token_file=str(token_file)) as learner:
+        address = learner.address
+        assert status(learner_channel(address, 1 << 20)) == grpc.StatusCode.UNAUTHENTICATED
+        assert status(learner_channel(address, 1 << 20, token="wrong")) == grpc.StatusCode.UNAUTHENTICATED
+        assert status(learner_channel(address, 1 << 20, token="s3cret-token")) == grpc.StatusCode.OK
+        # The stream is guarded too: an actor with a wrong token is refused for good, not retried.
+        with pytest.raises(ActorError, match="UNAUTHENTICATED"):
+            Actor(ActorConfig(learner_address=address, num_envs=2, actor_id="intruder")).run(max_steps=3)
+        assert learner.service.rejected_messages >= 3
+        actor = Actor(ActorConfig(learner_address=address, num_envs=2, actor_id="member",
+                                  auth_token_file=str(token_file)))
+        actor.run(max_steps=5)
+        assert actor.steps_sent == 5
+
+
+def test_mutual_tls_admits_only_clients_signed_by_the_client_ca(tmp_path, pki):
+    with running_learner(tmp_path, tls_cert=pki["server_cert"], tls_key=pki["server_key"],
+                         tls_client_ca=pki["ca"]) as learner:
+        address = learner.address
+        good = dict(tls_ca=pki["ca"], tls_cert=pki["client_cert"], tls_key=pki["client_key"])
+        assert status(learner_channel(address, 1 << 20, **good)) == grpc.StatusCode.OK
+        stranger = dict(tls_ca=pki["ca"], tls_cert=pki["stranger_cert"], tls_key=pki["stranger_key"])
+        assert status(learner_channel(address, 1 << 20, **stranger)) == grpc.StatusCode.UNAVAILABLE
+        assert status(learner_channel(address, 1 << 20, tls_ca=pki["ca"])) == grpc.StatusCode.UNAVAILABLE
+        assert status(learner_channel(address, 1 << 20)) == grpc.StatusCode.UNAVAILABLE  # plaintext
+        actor = Actor(ActorConfig(learner_address=address, num_envs=2, actor_id="tls-actor", **good))
+        actor.run(max_steps=5)
+        assert actor.steps_sent == 5
+
+
+def test_tls_without_client_certificates_still_encrypts_and_checks_the_server(tmp_path, pki):
+    with running_learner(tmp_path, tls_cert=pki["server_cert"], tls_key=pki["server_key"]) as learner:
+        assert status(learner_channel(learner.address, 1 << 20, tls_ca=pki["ca"])) == grpc.StatusCode.OK
+        # A client that trusts another CA refuses this server.
+        assert status(learner_channel(learner.address, 1 << 20, tls_ca=pki["stranger_cert"])) == \
+            grpc.StatusCode.UNAVAILABLE
+
+
+def test_a_connection_that_never_sends_its_handshake_is_dropped(tmp_path):
+    with running_learner(tmp_path, handshake_timeout_s=1.0) as learner:
+        channel = grpc.insecure_channel(learner.address)
+        held = threading.Event()
+
+        def silent():
+            held.wait(10)
+            return
+            yield
+
+        responses = pb_grpc.LearnerStub(channel).Stream(silent())
+        with pytest.raises(grpc.RpcError) as info:
+            next(responses)
+        held.set()
+        channel.close()
+        assert info.value.code() == grpc.StatusCode.CANCELLED
+        assert learner.service.rejected_messages == 1
