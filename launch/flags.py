@@ -50,6 +50,13 @@ HELP = {
     "best_metric": "Eval episode metric whose best round's weights go to checkpoints/best.pt.",
     "best_mode": "max or min: which way best_metric is better.",
     "init_checkpoint": "Warm start: load only the weights of this checkpoint into a new run.",
+    "auth_token_file": "File holding the shared auth token (else $FLEETRL_AUTH_TOKEN); calls without it are refused.",
+    "tls_cert": "TLS certificate (PEM): the learner's, or an actor's client certificate for mutual TLS.",
+    "tls_key": "Private key (PEM) of --tls_cert.",
+    "tls_client_ca": "Learner: CA (PEM) that must have signed the actors' certificates (mutual TLS).",
+    "tls_ca": "Actor: CA (PEM) that signed the learner's certificate; turns TLS on.",
+    "tls_server_name": "Actor: the host name in the learner's certificate, when the address differs.",
+    "handshake_timeout_s": "A stream that sends no handshake within this long is cancelled.",
 }
 
 
