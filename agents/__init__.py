@@ -1,7 +1,8 @@
 """Agents: VALAN-style torso / neck / head models that serve inference and training alike."""
 
 from fleetrl.agents.base import Agent, AgentOutput, State
+from fleetrl.agents.conv_lstm import ConvLSTMAgent
 from fleetrl.agents.lstm import LSTMAgent
 from fleetrl.agents.mlp import GaussianMLPAgent, MLPAgent
 
-__all__ = ["Agent", "AgentOutput", "State", "GaussianMLPAgent", "LSTMAgent", "MLPAgent"]
+__all__ = ["Agent", "AgentOutput", "State", "ConvLSTMAgent", "GaussianMLPAgent", "LSTMAgent", "MLPAgent"]

@@ -1,0 +1,53 @@
+"""An image agent: a small conv torso, an LSTM neck and policy/value heads.
+
+For tasks read from pixels over several steps (the gym_cards formula tasks show the
+formula so far only in the image). Images are [B, H, W, 3] uint8, as envs produce them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from fleetrl.agents.base import Agent, AgentOutput, Observation, State
+
+
+def conv_torso(image_size: int, channels: tuple[int, ...] = (32, 64, 64)) -> tuple[nn.Module, int]:
+    """Strided convolutions down to a few pixels, then flattened; returns the module and its width."""
+    layers: list[nn.Module] = []
+    in_channels = 3
+    for out_channels in channels:
+        layers += [nn.Conv2d(in_channels, out_channels, kernel_size=4, stride=2, padding=1), nn.ReLU()]
+        in_channels = out_channels
+    body = nn.Sequential(*layers, nn.Flatten())
+    with torch.no_grad():
+        width = body(torch.zeros(1, 3, image_size, image_size)).shape[1]
+    return body, width
+
+
+class ConvLSTMAgent(Agent):
+    def __init__(self, image_size: int, num_actions: int, channels: tuple[int, ...] = (32, 64, 64),
+                 hidden_size: int = 256, lstm_size: int = 128, image_key: str = "image"):
+        super().__init__()
+        self.image_key = image_key
+        self.conv, width = conv_torso(image_size, channels)
+        self.project = nn.Sequential(nn.Linear(width, hidden_size), nn.ReLU())
+        self.core = nn.LSTMCell(hidden_size, lstm_size)
+        self.policy = nn.Linear(lstm_size, num_actions)
+        self.baseline = nn.Linear(lstm_size, 1)
+
+    def initial_state(self, observation: Observation) -> State:
+        image = observation[self.image_key]
+        zeros = torch.zeros((image.shape[0], self.core.hidden_size), device=image.device)
+        return (zeros, zeros.clone())
+
+    def torso(self, observation: Observation) -> torch.Tensor:
+        image = observation[self.image_key].permute(0, 3, 1, 2).float() / 255.0
+        return self.project(self.conv(image))
+
+    def neck(self, torso_output: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        h, c = self.core(torso_output, state)
+        return h, (h, c)
+
+    def head(self, neck_output: torch.Tensor) -> AgentOutput:
+        return {"policy_logits": self.policy(neck_output), "baseline": self.baseline(neck_output).squeeze(-1)}

@@ -1,0 +1,90 @@
+"""The gym_cards tasks as Problems: a conv + LSTM agent learns them from pixels.
+
+Registered as gym_cards/numberline, gym_cards/ezpoints, gym_cards/points24 and
+gym_cards/blackjack. Metrics per episode: success (return > 0, as the RL4VLM paper
+counts it), with the return and length that every Problem reports.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar, Mapping
+
+import gymnasium as gym
+import numpy as np
+
+from fleetrl.agents import Agent, ConvLSTMAgent
+from fleetrl.envs.gym_cards import ENVS
+from fleetrl.problems.base import Problem, ProblemConfig
+
+
+@dataclasses.dataclass
+class GymCardsConfig(ProblemConfig):
+    algorithm: str = "ppo"
+    # The original images are 300x300; the agent reads them at this size.
+    image_size: int = 64
+    conv_channels: tuple[int, ...] = (32, 64, 64)
+    lstm_size: int = 128
+    learning_rate: float = 3e-4
+    discount: float = 0.95
+    entropy_cost: float = 0.01
+    # Episodes are capped at this many steps, as the original registration does.
+    max_episode_steps: int = 300
+    # Points24 only: deal only hands that can make 24.
+    solvable_only: bool = False
+
+
+class GymCardsProblem(Problem):
+    TASK: ClassVar[str] = ""
+    Config = GymCardsConfig
+
+    def make_env(self) -> gym.Env:
+        cls = ENVS[self.TASK]
+        kwargs: dict[str, Any] = {"image_size": self.config.image_size}
+        if self.TASK == "Points24":
+            kwargs["solvable_only"] = self.config.solvable_only
+        return EpisodeSuccess(gym.wrappers.TimeLimit(cls(**kwargs), self.config.max_episode_steps))
+
+    def make_agent(self) -> Agent:
+        return ConvLSTMAgent(self.config.image_size, self.policy_logits_size(), tuple(self.config.conv_channels),
+                             lstm_size=self.config.lstm_size)
+
+    def episode_metrics(self, final_info: Mapping[str, Any]) -> dict[str, float]:
+        return {"success": float(final_info["success"])}
+
+    def render_frame(self, observation: Mapping[str, np.ndarray]) -> np.ndarray:
+        return observation["image"]
+
+
+class EpisodeSuccess(gym.Wrapper):
+    """info["success"]: whether the episode's return so far is above 0 (RL4VLM's success)."""
+
+    def reset(self, **kwargs):
+        self._return = 0.0
+        obs, info = self.env.reset(**kwargs)
+        return obs, {**info, "success": False}
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._return += float(reward)
+        return obs, reward, terminated, truncated, {**info, "success": self._return > 0}
+
+
+class NumberLineProblem(GymCardsProblem):
+    name = "gym_cards/numberline"
+    TASK = "NumberLine"
+
+
+class EZPointsProblem(GymCardsProblem):
+    name = "gym_cards/ezpoints"
+    TASK = "EZPoints"
+
+
+class Points24Problem(GymCardsProblem):
+    name = "gym_cards/points24"
+    TASK = "Points24"
+
+
+class BlackjackProblem(GymCardsProblem):
+    name = "gym_cards/blackjack"
+    TASK = "Blackjack"
