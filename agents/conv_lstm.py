@@ -35,6 +35,7 @@ class ConvLSTMAgent(Agent):
         self.core = nn.LSTMCell(hidden_size, lstm_size)
         self.policy = nn.Linear(lstm_size, num_actions)
         self.baseline = nn.Linear(lstm_size, 1)
+        _init_weights(self)
 
     def initial_state(self, observation: Observation) -> State:
         image = observation[self.image_key]
@@ -42,7 +43,12 @@ class ConvLSTMAgent(Agent):
         return (zeros, zeros.clone())
 
     def torso(self, observation: Observation) -> torch.Tensor:
-        image = observation[self.image_key].permute(0, 3, 1, 2).float() / 255.0
+        image = observation[self.image_key].permute(0, 3, 1, 2).float()
+        # Per-image standardization: a flat background (white paper, green felt) becomes 0,
+        # so the first convolutions respond to the digits and cards, not to the background.
+        mean = image.mean(dim=(1, 2, 3), keepdim=True)
+        std = image.std(dim=(1, 2, 3), keepdim=True).clamp(min=1.0)
+        image = (image - mean) / std
         return self.project(self.conv(image))
 
     def neck(self, torso_output: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
@@ -51,3 +57,19 @@ class ConvLSTMAgent(Agent):
 
     def head(self, neck_output: torch.Tensor) -> AgentOutput:
         return {"policy_logits": self.policy(neck_output), "baseline": self.baseline(neck_output).squeeze(-1)}
+
+
+def _init_weights(agent: ConvLSTMAgent) -> None:
+    """Orthogonal init as in CleanRL's pixel PPO: the tiny policy gain starts every action
+    equally likely, which keeps PPO from committing to an action before the torso can see."""
+    for module in agent.modules():
+        if isinstance(module, (nn.Conv2d, nn.Linear)):
+            nn.init.orthogonal_(module.weight, gain=2 ** 0.5)
+            nn.init.zeros_(module.bias)
+    for name, parameter in agent.core.named_parameters():
+        if "weight" in name:
+            nn.init.orthogonal_(parameter)
+        else:
+            nn.init.zeros_(parameter)
+    nn.init.orthogonal_(agent.policy.weight, gain=0.01)
+    nn.init.orthogonal_(agent.baseline.weight, gain=1.0)

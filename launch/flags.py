@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any
+from typing import Any, Mapping
 
 from absl import flags
 
+from fleetrl.learner.config import LearnerConfig
 from fleetrl.problems.hparams import format_hparams, parse_hparams
+from fleetrl.problems.registry import UnknownProblemError, problem_class
 
 HELP = {
     "problem": "A registered Problem name (see fleetrl.problems.registry) or an import path module:Class.",
@@ -83,14 +85,20 @@ def define_flags(config_cls: type, skip: tuple[str, ...] = (), prefix: str = "")
             raise TypeError(f"{config_cls.__name__}.{field.name}: no flag type for {kind}")
 
 
-def from_flags(config_cls: type, prefix: str = "", **overrides: Any) -> Any:
-    """A `config_cls` from the parsed flags; `overrides` win."""
+def from_flags(config_cls: type, prefix: str = "", defaults: Mapping[str, Any] | None = None,
+               **overrides: Any) -> Any:
+    """A `config_cls` from the parsed flags. `defaults` replace the defaults of flags the
+    command line did not set; `overrides` win over everything."""
     hints = typing.get_type_hints(config_cls)
     values = {}
     for field in dataclasses.fields(config_cls):
         if field.name in overrides or prefix + field.name not in flags.FLAGS:
             continue
-        value = flags.FLAGS[prefix + field.name].value
+        flag = flags.FLAGS[prefix + field.name]
+        if defaults and field.name in defaults and not flag.present:
+            values[field.name] = defaults[field.name]
+            continue
+        value = flag.value
         kind = hints[field.name]
         if kind == dict[str, str]:
             value = parse_hparams(value)
@@ -113,3 +121,13 @@ def to_argv(config: Any, skip: tuple[str, ...] = ()) -> list[str]:
             value = str(value).lower()
         argv.append(f"--{field.name}={value}")
     return argv
+
+
+def learner_config_from_flags(**overrides: Any) -> LearnerConfig:
+    """The LearnerConfig of the command line, with the Problem's `learner_defaults` for
+    the flags it did not set. An unknown Problem is left for the learner to report."""
+    try:
+        defaults = problem_class(flags.FLAGS.problem).learner_defaults
+    except UnknownProblemError:
+        defaults = {}
+    return from_flags(LearnerConfig, defaults=defaults, **overrides)

@@ -15,7 +15,7 @@ import sys
 
 from absl import app, flags, logging
 
-from fleetrl.launch.flags import define_flags, from_flags
+from fleetrl.launch.flags import define_flags, learner_config_from_flags
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
 from fleetrl.problems.registry import UnknownProblemError
@@ -26,7 +26,7 @@ FLAGS = flags.FLAGS
 
 def main(argv: list[str]) -> int:
     del argv
-    config = from_flags(LearnerConfig)
+    config = learner_config_from_flags()
     try:
         learner = Learner(config)
     except (UnknownProblemError, ValueError) as e:

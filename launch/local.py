@@ -22,7 +22,7 @@ import grpc
 from absl import app, flags
 
 from fleetrl.actor.config import ActorConfig
-from fleetrl.launch.flags import define_flags, from_flags, to_argv
+from fleetrl.launch.flags import define_flags, learner_config_from_flags, to_argv
 from fleetrl.launch.processes import ChildProcesses
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.proto import learner_pb2 as pb
@@ -181,7 +181,7 @@ class Progress:
 
 def main(argv: list[str]) -> int:
     del argv
-    learner = from_flags(LearnerConfig, bind="127.0.0.1:0")
+    learner = learner_config_from_flags(bind="127.0.0.1:0")
     if FLAGS["logdir"].using_default_value:
         learner = dataclasses.replace(learner, logdir=os.path.join("runs", f"{_safe(learner.problem)}-{time.strftime('%Y%m%d-%H%M%S')}"))
     return launch(LocalConfig(

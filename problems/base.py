@@ -57,6 +57,10 @@ class Problem:
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = ProblemConfig
+    # Learner settings (LearnerConfig fields) this Problem trains best with, for example
+    # {"block_inference_on_training": True} for PPO. The entry points apply them to
+    # every flag the command line did not set.
+    learner_defaults: ClassVar[dict[str, Any]] = {}
 
     def __init__(self, config: Any = None):
         self.config = config if config is not None else self.Config()

@@ -37,10 +37,10 @@ class BlackjackEnv(CardsEnv):
 
     def draw(self):
         image, draw = render.canvas()
-        render.text_line(draw, 22, "Dealer", size=22)
+        render.text_line(draw, 22, "Dealer", size=22, bold=1)
         render.card(draw, 80, 40, 60, 84, self.game.dealer[0], self._suits[0])
         render.card(draw, 160, 40, 60, 84, None, None)
-        render.text_line(draw, 160, "Player", size=22)
+        render.text_line(draw, 160, "Player", size=22, bold=1)
         cards = self.game.player
         width = min(60, (render.CANVAS - 20) / len(cards) - 8)
         start = (render.CANVAS - len(cards) * (width + 8)) / 2

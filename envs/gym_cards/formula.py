@@ -71,7 +71,7 @@ class FormulaEnv(CardsEnv):
         gap = (render.CANVAS - count * width) / (count + 1)
         for i, (rank, suit) in enumerate(zip(self.ranks, self.suits)):
             render.card(draw, gap + i * (width + gap), 50, width, width * 1.4, rank, suit)
-        render.text_line(draw, 240, "Formula: " + "".join(self.formula), size=26)
+        render.text_line(draw, 245, "Formula: " + "".join(self.formula), size=34, bold=2)
         return image
 
 

@@ -35,6 +35,7 @@ class NumberLineEnv(CardsEnv):
 
     def draw(self):
         image, draw = render.canvas(background=(255, 255, 255))
-        render.text_line(draw, 100, f"Target: {self.target}", size=52, colour=(0, 0, 0))
-        render.text_line(draw, 200, f"Current: {self.current}", size=52, colour=(0, 0, 0))
+        # Large bold text, as in the original: at 32x32 the digits are still a few pixels wide.
+        render.text_line(draw, 95, f"Target: {self.target}", size=58, colour=(0, 0, 0), bold=3)
+        render.text_line(draw, 205, f"Current: {self.current}", size=58, colour=(0, 0, 0), bold=3)
         return image

@@ -64,12 +64,21 @@ def card(draw: ImageDraw.ImageDraw, x: float, y: float, w: float, h: float, rank
         return
     draw.rounded_rectangle([x, y, x + w, y + h], radius=w * 0.1, fill=(250, 250, 245), outline=(30, 30, 30), width=2)
     colour = _SUIT_COLOURS[suit]
-    draw.text((x + w * 0.5, y + h * 0.3), rank_name(rank), fill=colour, font=font(int(h * 0.38)), anchor="mm")
+    # Large, thickened ranks, so that a 64x64 image still tells a 3 from an 8.
+    draw.text((x + w * 0.5, y + h * 0.3), rank_name(rank), fill=colour, font=font(int(h * 0.42)), anchor="mm",
+              stroke_width=max(1, round(h * 0.02)), stroke_fill=colour)
     _suit_mark(draw, suit, x + w * 0.5, y + h * 0.72, w * 0.22)
 
 
-def text_line(draw: ImageDraw.ImageDraw, y: float, text: str, size: int = 28, colour=(255, 255, 255)) -> None:
-    draw.text((CANVAS / 2, y), text, fill=colour, font=font(size), anchor="mm")
+def text_line(draw: ImageDraw.ImageDraw, y: float, text: str, size: int = 28, colour=(255, 255, 255),
+              bold: int = 0) -> None:
+    """A centred line; `bold` thickens the strokes by that many pixels, so digits survive downscaling.
+
+    A line too long for the canvas (a long Points24 formula) is drawn smaller to fit.
+    """
+    while size > 8 and draw.textlength(text, font=font(size)) + 2 * bold > CANVAS - 10:
+        size -= 2
+    draw.text((CANVAS / 2, y), text, fill=colour, font=font(size), anchor="mm", stroke_width=bold, stroke_fill=colour)
 
 
 def to_array(image: Image.Image, size: int) -> np.ndarray:
