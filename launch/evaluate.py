@@ -87,7 +87,7 @@ def main(argv: list[str]) -> int:
         return 2
     agent.load_state_dict(checkpoint["model"])
     agent.eval()
-    episodes = FLAGS.episodes or problem.config.eval_episodes
+    episodes = FLAGS.episodes or problem.num_eval_episodes()
     output = FLAGS.output or os.path.splitext(FLAGS.checkpoint)[0] + "-eval"
     recorder = (EpisodeRecorder(problem, output, FLAGS.record_episodes, FLAGS.record_fps, FLAGS.record_format)
                 if FLAGS.record else None)

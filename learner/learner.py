@@ -93,7 +93,7 @@ class Learner:
         self.eval_batcher = InferenceBatcher(
             self.eval_inference, len, lambda: max(1, min(config.inference_batch_size, self.eval_store.num_allocated)),
             config.inference_timeout_ms / 1000)
-        self.eval_rounds = EvalRounds(self._eval_snapshot, self.problem.config.eval_episodes, config.eval_interval_s,
+        self.eval_rounds = EvalRounds(self._eval_snapshot, self.problem.num_eval_episodes(), config.eval_interval_s,
                                       self._eval_complete)
         self._eval_lock = threading.Lock()
         self._eval_writer: SummaryWriter | None = None

@@ -80,6 +80,10 @@ class Problem:
         env = self.make_env()
         return ActionChunks(env, self.config.chunk_size) if self.config.chunk_size > 1 else env
 
+    def num_eval_episodes(self) -> int:
+        """The size of the eval set; override when the data decides it (a split's size)."""
+        return self.config.eval_episodes
+
     def eval_reset(self, episode: int) -> tuple[int, dict[str, Any] | None]:
         """The reset (seed, options) of eval episode `episode`. Override to walk a data split
         or every task and init state, say by passing options={"episode_index": episode}."""

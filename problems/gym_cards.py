@@ -42,9 +42,12 @@ class GymCardsConfig(ProblemConfig):
 
 @dataclasses.dataclass
 class CardTableConfig(GymCardsConfig):
-    """The card tasks: ranks and the formula line are only legible from 64x64 up."""
+    """The card tasks: ranks and the formula line are only legible from 64x64 up. Narrower
+    convolutions and 2 epochs keep a 2-core machine at about 100 env steps/s."""
 
     image_size: int = 64
+    conv_channels: tuple[int, ...] = (16, 32, 32)
+    epochs: int | None = 2
 
 
 class GymCardsProblem(Problem):

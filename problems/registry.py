@@ -22,6 +22,7 @@ BUILTIN: dict[str, str] = {
     "gym_cards/ezpoints": "fleetrl.problems.gym_cards:EZPointsProblem",
     "gym_cards/points24": "fleetrl.problems.gym_cards:Points24Problem",
     "gym_cards/blackjack": "fleetrl.problems.gym_cards:BlackjackProblem",
+    "r2r": "fleetrl.problems.r2r:R2RProblem",
 }
 _registry: dict[str, str] = dict(BUILTIN)
 
