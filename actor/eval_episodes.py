@@ -28,6 +28,8 @@ class FinishedEpisode:
     env_index: int
     episode: int
     metrics: dict[str, float]
+    # The Problem's record of the episode (Problem.episode_record), for standalone evaluation.
+    record: dict[str, Any] | None = None
 
 
 @dataclasses.dataclass
@@ -111,7 +113,7 @@ class EvalEpisodes:
             if terminated or truncated:
                 metrics = {"return": state["return"], "length": float(state["length"])}
                 metrics.update(self.problem.episode_metrics(info))
-                self._finished.append(FinishedEpisode(i, self._episode[i], metrics))
+                self._finished.append(FinishedEpisode(i, self._episode[i], metrics, self.problem.episode_record(info)))
 
     def _reset(self, i: int, episode: int) -> None:
         seed, options = self.problem.eval_reset(episode)

@@ -47,8 +47,9 @@ FLAGS = flags.FLAGS
 
 
 def evaluate(problem, agent: torch.nn.Module, episodes: int, num_envs: int, device: torch.device,
-             recorder: EpisodeRecorder | None = None) -> list[dict[str, float]]:
-    """Each episode's metrics, in episode order."""
+             recorder: EpisodeRecorder | None = None,
+             records: list[dict] | None = None) -> list[dict[str, float]]:
+    """Each episode's metrics, in episode order; the Problem's episode records go to `records`."""
     store = build_state_store(problem, agent, 0, device, record=False)
     inference = EvalInference(problem, store, device)
     num_envs = min(num_envs, episodes)
@@ -56,17 +57,21 @@ def evaluate(problem, agent: torch.nn.Module, episodes: int, num_envs: int, devi
     run_ids = np.array([secrets.randbits(63) | 1 for _ in range(num_envs)], np.uint64)
     envs = EvalEpisodes(problem, num_envs, recorder.on_frame if recorder else None)
     results: dict[int, dict[str, float]] = {}
+    kept: dict[int, dict] = {}
     try:
         envs.start(range(episodes))
         while envs.playing:
             pending = envs.pending()
             results.update((f.episode, f.metrics) for f in pending.finished)
+            kept.update((f.episode, f.record) for f in pending.finished if f.record is not None)
             i = pending.env_indices
             request = StepRequest(slots[i], run_ids[i], pending.observation, pending.reward, pending.terminated,
                                   pending.truncated, pending.action_rewards, pending.actions_executed)
             envs.advance(pending, inference([EvalRequest(request, agent)])[0])
     finally:
         envs.close()
+    if records is not None:
+        records.extend(kept[e] for e in sorted(kept))
     return [results[e] for e in range(episodes)]
 
 
@@ -92,7 +97,9 @@ def main(argv: list[str]) -> int:
     recorder = (EpisodeRecorder(problem, output, FLAGS.record_episodes, FLAGS.record_fps, FLAGS.record_format)
                 if FLAGS.record else None)
     with torch.no_grad():
-        per_episode = evaluate(problem, agent, episodes, FLAGS.num_envs, torch.device(FLAGS.device), recorder)
+        records: list[dict] = []
+        per_episode = evaluate(problem, agent, episodes, FLAGS.num_envs, torch.device(FLAGS.device), recorder,
+                               records)
 
     names = sorted({k for metrics in per_episode for k in metrics})
     table = {n: [m[n] for m in per_episode if n in m] for n in names}
@@ -106,6 +113,8 @@ def main(argv: list[str]) -> int:
               "metrics": {n: float(np.mean(v)) for n, v in table.items()}, "per_episode": per_episode}
     with open(os.path.join(output, "metrics.json"), "w") as f:
         json.dump(report, f, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
+    for path in problem.write_eval_records(records, output):
+        print(f"wrote {path}")
     if recorder is not None:
         with SummaryWriter(output) as writer:
             for n, mean in report["metrics"].items():

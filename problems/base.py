@@ -103,6 +103,16 @@ class Problem:
         """Extra metrics of an episode from its last step's info ('return' and 'length' are automatic)."""
         return {}
 
+    def episode_record(self, final_info: Mapping[str, Any]) -> dict[str, Any] | None:
+        """What `launch.evaluate` keeps of an eval episode for `write_eval_records` (say, its
+        trajectory); None keeps nothing. Stays on the machine that plays it."""
+        return None
+
+    def write_eval_records(self, records: list[dict[str, Any]], output: str) -> list[str]:
+        """Writes the eval episodes' records (in episode order) under `output`, in whatever
+        format outside tools expect; returns the files written."""
+        return []
+
     # ----- specs, shared by both sides and checked at the handshake -----
 
     @functools.cached_property

@@ -11,15 +11,19 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import os
 import shutil
 from typing import Any, Mapping
 
 import gymnasium as gym
+from PIL import Image
 
 from fleetrl.agents import Agent, VLNAgent
 from fleetrl.envs.r2r import R2RData, R2REnv, Vocab, read_instructions
+from fleetrl.envs.r2r.graph import cached_scan_graph
 from fleetrl.envs.r2r.synthetic import SyntheticConfig, generate
+from fleetrl.envs.r2r.topdown import draw_episode
 from fleetrl.problems.base import Problem, ProblemConfig
 
 SYNTHETIC_DIR = "data/r2r_synthetic"
@@ -98,3 +102,27 @@ class R2RProblem(Problem):
         split = final_info["split"]
         prefix = "" if split == self.config.train_split else f"{split}/"
         return {prefix + name: float(value) for name, value in final_info["metrics"].items()}
+
+    def episode_record(self, final_info: Mapping[str, Any]) -> dict[str, Any]:
+        return {key: final_info[key] for key in ("instr_id", "split", "scan", "reference", "trajectory", "headings")}
+
+    def write_eval_records(self, records: list[dict[str, Any]], output: str) -> list[str]:
+        """R2R results files, `results_{split}.json` ([{"instr_id", "trajectory": [[viewpoint,
+        heading, elevation], ...]}], what R2R's scorers read), and a top-down picture of each
+        split's first episode."""
+        data = self._data()
+        written = []
+        os.makedirs(output, exist_ok=True)
+        for split in sorted({r["split"] for r in records}):
+            mine = [r for r in records if r["split"] == split]
+            results = [{"instr_id": r["instr_id"],
+                        "trajectory": [[v, h, 0.0] for v, h in zip(r["trajectory"], r["headings"])]} for r in mine]
+            path = os.path.join(output, f"results_{split}.json")
+            with open(path, "w") as f:
+                json.dump(results, f)
+            first = mine[0]
+            graph = cached_scan_graph(data.path("connectivity"), first["scan"])
+            picture = os.path.join(output, f"topdown_{split}_{first['instr_id']}.png")
+            Image.fromarray(draw_episode(graph, first["reference"], first["trajectory"])).save(picture)
+            written += [path, picture]
+        return written

@@ -98,6 +98,7 @@ class R2REnv(gym.Env):
         self.instruction = self.vocab.encode(self.episode.instruction, self.max_instruction_len)
         self.trajectory = [self.episode.path[0]]
         self.heading = self.episode.heading
+        self.headings = [self.heading]
         self.steps = 0
         return self._observe(), {}
 
@@ -112,6 +113,7 @@ class R2REnv(gym.Env):
         self.heading = self.graph.heading(here, there)
         before = self._progress()
         self.trajectory.append(there)
+        self.headings.append(self.heading)
         self.steps += 1
         reward = float(np.clip(before - self._progress(), -1.0, 1.0)) if self.reward_kind == "distance" \
             else before - self._progress()
@@ -128,7 +130,9 @@ class R2REnv(gym.Env):
     def _end(self, reward: float, terminated: bool):
         at_goal = self.trajectory[-1] == self.episode.path[-1]
         reward += self.stop_bonus if at_goal and terminated else -self.stop_bonus
-        info = {"instr_id": self.episode.instr_id, "split": self.split, "trajectory": list(self.trajectory),
+        info = {"instr_id": self.episode.instr_id, "split": self.split, "scan": self.episode.scan,
+                "reference": list(self.episode.path), "trajectory": list(self.trajectory),
+                "headings": list(self.headings),
                 "metrics": vln.episode_metrics(self.trajectory, self.episode.path, self.graph.distance)}
         return self._observe(), reward, terminated, not terminated, info
 
