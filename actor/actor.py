@@ -229,7 +229,8 @@ def _eval_step_message(pending: Pending, run_ids: np.ndarray) -> pb.Step:
                                                                           pending.actions_executed))
     del step.env_indices[:]
     step.env_indices.extend(indices.tolist())
-    step.finished_episodes.extend(pb.EpisodeStats(env_index=e.env_index, metrics=e.metrics, eval_episode=e.episode)
+    step.finished_episodes.extend(pb.EpisodeStats(env_index=e.env_index, metrics=e.metrics, eval_episode=e.episode,
+                                                  images=encode_all(e.images))
                                   for e in pending.finished)
     return step
 

@@ -30,6 +30,7 @@ class FinishedEpisode:
     metrics: dict[str, float]
     # The Problem's record of the episode (Problem.episode_record), for standalone evaluation.
     record: dict[str, Any] | None = None
+    images: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # Problem.eval_images
 
 
 @dataclasses.dataclass
@@ -113,7 +114,8 @@ class EvalEpisodes:
             if terminated or truncated:
                 metrics = {"return": state["return"], "length": float(state["length"])}
                 metrics.update(self.problem.episode_metrics(info))
-                self._finished.append(FinishedEpisode(i, self._episode[i], metrics, self.problem.episode_record(info)))
+                self._finished.append(FinishedEpisode(i, self._episode[i], metrics, self.problem.episode_record(info),
+                                                      self.problem.eval_images(info)))
 
     def _reset(self, i: int, episode: int) -> None:
         seed, options = self.problem.eval_reset(episode)

@@ -20,6 +20,8 @@ import threading
 import time
 from typing import Callable
 
+import numpy as np
+
 from fleetrl.agents.base import Agent
 
 
@@ -32,6 +34,7 @@ class EvalResult:
     metrics: dict[str, float]
     episodes: int
     agent: Agent  # the snapshot that played it
+    images: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # Problem.eval_images
 
 
 @dataclasses.dataclass
@@ -42,6 +45,7 @@ class _Round:
     pending: collections.deque[int]
     running: dict[str, set[int]] = dataclasses.field(default_factory=dict)
     results: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+    images: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -97,8 +101,9 @@ class EvalRounds:
         with self._lock:
             return self._actor_snapshot.get(actor_id)
 
-    def record(self, actor_id: str, episode: int, metrics: dict[str, float]) -> None:
-        """An episode of `actor_id`'s current round ended with `metrics`."""
+    def record(self, actor_id: str, episode: int, metrics: dict[str, float],
+               images: dict[str, np.ndarray] | None = None) -> None:
+        """An episode of `actor_id`'s current round ended with `metrics` (and pictures)."""
         with self._lock:
             round_ = self._rounds.get(self._actor_round.get(actor_id, -1))
             running = round_.running.get(actor_id, set()) if round_ is not None else set()
@@ -106,11 +111,12 @@ class EvalRounds:
                 raise ValueError(f"eval episode {episode} was not assigned to actor {actor_id!r}")
             running.discard(episode)
             round_.results[episode] = dict(metrics)
+            round_.images.update(images or {})
             if len(round_.results) < self.episodes:
                 return
             del self._rounds[round_.index]
             result = EvalResult(round=round_.index, policy_version=round_.version, episodes=self.episodes,
-                                metrics=_means(round_.results.values()), agent=round_.agent)
+                                metrics=_means(round_.results.values()), agent=round_.agent, images=round_.images)
             self.completed += 1
             self.last = result
         self._on_complete(result)

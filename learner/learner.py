@@ -284,6 +284,9 @@ class Learner:
                 for name, mean in result.metrics.items():
                     tag = f"eval/episode_{name}" if name in ("return", "length") else f"eval/{name}"
                     self._eval_writer.add_scalar(tag, mean, global_step=result.policy_version)
+                for tag, image in result.images.items():
+                    self._eval_writer.add_image(f"eval/{tag}", image, global_step=result.policy_version,
+                                                dataformats="HWC")
                 self._eval_writer.flush()
             with open(os.path.join(self.config.logdir, "eval.jsonl"), "a") as f:
                 f.write(json.dumps(record) + "\n")

@@ -12,7 +12,7 @@ import dataclasses
 import math
 import threading
 import time
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NamedTuple
 
 import grpc
 import numpy as np
@@ -56,7 +56,17 @@ class ServedRun:
     eval_batcher: InferenceBatcher | None = None
     eval_rounds: EvalRounds | None = None
 
-Episode = tuple[int, dict[str, float], int | None]  # env index, metrics, eval episode
+class Episode(NamedTuple):
+    """A finished episode as an actor reported it."""
+
+    env: int
+    metrics: dict[str, float]
+    eval_episode: int | None
+    images: dict[str, np.ndarray]  # eval episodes only: Problem.eval_images
+
+
+# Eval pictures larger than this on a side are refused.
+MAX_IMAGE_SIDE = 2048
 
 
 class LearnerService(pb_grpc.LearnerServicer):
@@ -167,11 +177,11 @@ class LearnerService(pb_grpc.LearnerServicer):
 
     def _submit_eval(self, actor_id: str, request: StepRequest, episodes: list[Episode]):
         """Eval episodes go to their round, not to train/; actions come from the round's snapshot."""
-        for env, metrics, episode in episodes:
+        for env, metrics, episode, images in episodes:
             if episode is None:
                 raise WireError(f"finished_episodes: env {env} of an eval actor gives no eval_episode")
             try:
-                self.run.eval_rounds.record(actor_id, episode, metrics)
+                self.run.eval_rounds.record(actor_id, episode, metrics, images)
             except ValueError as e:
                 raise WireError(f"finished_episodes: {e}") from None
         snapshot = self.run.eval_rounds.agent_for(actor_id)
@@ -245,8 +255,9 @@ class LearnerService(pb_grpc.LearnerServicer):
                 raise WireError(f"finished_episodes: env index {episode.env_index} is unknown")
             if not all(math.isfinite(v) for v in episode.metrics.values()):
                 raise WireError(f"finished_episodes: env {episode.env_index} has a NaN or infinite metric")
-            episodes.append((episode.env_index, dict(episode.metrics),
-                             episode.eval_episode if episode.HasField("eval_episode") else None))
+            episodes.append(Episode(episode.env_index, dict(episode.metrics),
+                                    episode.eval_episode if episode.HasField("eval_episode") else None,
+                                    _decode_images(episode)))
         request = StepRequest(
             slots=slots[indices], run_ids=run_ids, observation=observation, reward=rewards,
             terminated=np.asarray(step.terminated, bool), truncated=np.asarray(step.truncated, bool),
@@ -280,13 +291,13 @@ class LearnerService(pb_grpc.LearnerServicer):
         which executed the oracle's actions, to teacher/ only."""
         if not episodes:
             return
-        forced = self.run.store.teacher_forcing(slots[[env for env, _, _ in episodes]])
-        for (_, metrics, _), teacher in zip(episodes, forced):
+        forced = self.run.store.teacher_forcing(slots[[e.env for e in episodes]])
+        for episode, teacher in zip(episodes, forced):
             prefix = "teacher" if teacher else "train"
-            for name, value in metrics.items():
+            for name, value in episode.metrics.items():
                 tag = f"episode_{name}" if name in ("return", "length") else name
                 self.run.scalars.add(f"{prefix}/{tag}", value)
-        self.run.episodes.extend(metrics for (_, metrics, _), teacher in zip(episodes, forced) if not teacher)
+        self.run.episodes.extend(e.metrics for e, teacher in zip(episodes, forced) if not teacher)
 
 
 @dataclasses.dataclass
@@ -326,3 +337,18 @@ def learner_handler(service: LearnerService, limit_bytes: int) -> grpc.GenericRp
     if declared != set(handlers):
         raise RuntimeError(f"learner_handler serves {sorted(handlers)} but learner.proto declares {sorted(declared)}")
     return grpc.method_handlers_generic_handler("fleetrl.Learner", handlers)
+
+
+def _decode_images(episode: pb.EpisodeStats) -> dict[str, np.ndarray]:
+    """An eval episode's pictures: [H, W, 3] uint8 each, of a sane size."""
+    images = {}
+    for message in episode.images:
+        image = decode(message, field=f"finished_episodes env {episode.env_index} images")
+        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3 or max(image.shape) > MAX_IMAGE_SIDE:
+            raise WireError(f"finished_episodes env {episode.env_index} image {message.name!r}: expected [H, W, 3] "
+                            f"uint8 of at most {MAX_IMAGE_SIDE} a side, got {image.dtype} {list(image.shape)}")
+        images[message.name] = image
+    if images and not episode.HasField("eval_episode"):
+        raise WireError(f"finished_episodes env {episode.env_index}: images come only with eval episodes")
+    return images
+

@@ -103,6 +103,11 @@ class Problem:
         """Extra metrics of an episode from its last step's info ('return' and 'length' are automatic)."""
         return {}
 
+    def eval_images(self, final_info: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """Pictures of an eval episode ({tag: [H, W, 3] uint8}) that eval actors send with its
+        metrics, for TensorBoard's eval/ images. Keep it to a few episodes per round."""
+        return {}
+
     def episode_record(self, final_info: Mapping[str, Any]) -> dict[str, Any] | None:
         """What `launch.evaluate` keeps of an eval episode for `write_eval_records` (say, its
         trajectory); None keeps nothing. Stays on the machine that plays it."""

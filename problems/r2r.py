@@ -17,6 +17,7 @@ import shutil
 from typing import Any, Mapping
 
 import gymnasium as gym
+import numpy as np
 from PIL import Image
 
 from fleetrl.agents import Agent, VLNAgent
@@ -102,6 +103,13 @@ class R2RProblem(Problem):
         split = final_info["split"]
         prefix = "" if split == self.config.train_split else f"{split}/"
         return {prefix + name: float(value) for name, value in final_info["metrics"].items()}
+
+    def eval_images(self, final_info: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """A top-down picture of each eval split's first episode, per round."""
+        if final_info["split"] == self.config.train_split or final_info["index"] != 0:
+            return {}
+        graph = cached_scan_graph(self._data().path("connectivity"), final_info["scan"])
+        return {f"{final_info['split']}/topdown": draw_episode(graph, final_info["reference"], final_info["trajectory"])}
 
     def episode_record(self, final_info: Mapping[str, Any]) -> dict[str, Any]:
         return {key: final_info[key] for key in ("instr_id", "split", "scan", "reference", "trajectory", "headings")}

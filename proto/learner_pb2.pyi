@@ -78,7 +78,7 @@ class Handshake(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., problem: _Optional[str] = ..., actor_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., observation_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., mode: _Optional[_Union[ActorMode, str]] = ...) -> None: ...
 
 class EpisodeStats(_message.Message):
-    __slots__ = ("env_index", "metrics", "eval_episode")
+    __slots__ = ("env_index", "metrics", "eval_episode", "images")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -89,10 +89,12 @@ class EpisodeStats(_message.Message):
     ENV_INDEX_FIELD_NUMBER: _ClassVar[int]
     METRICS_FIELD_NUMBER: _ClassVar[int]
     EVAL_EPISODE_FIELD_NUMBER: _ClassVar[int]
+    IMAGES_FIELD_NUMBER: _ClassVar[int]
     env_index: int
     metrics: _containers.ScalarMap[str, float]
     eval_episode: int
-    def __init__(self, env_index: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., eval_episode: _Optional[int] = ...) -> None: ...
+    images: _containers.RepeatedCompositeFieldContainer[Tensor]
+    def __init__(self, env_index: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., eval_episode: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ...) -> None: ...
 
 class Step(_message.Message):
     __slots__ = ("env_indices", "run_ids", "observations", "rewards", "terminated", "truncated", "finished_episodes", "action_rewards", "actions_executed")

@@ -61,6 +61,10 @@ def test_r2r_learns_to_follow_instructions_in_unseen_houses(tmp_path, monkeypatc
     events = EventAccumulator(str(tmp_path / "run" / "eval"), size_guidance={"scalars": 0})
     events.Reload()
     assert {f"eval/{split}/{m}" for split in SPLITS for m in METRICS} <= set(events.Tags()["scalars"])
+    # A top-down picture of each split's first episode, per round.
+    assert {f"eval/{split}/topdown" for split in SPLITS} <= set(events.Tags()["images"])
+    steps = [e.step for e in events.Images("eval/val_unseen/topdown")]
+    assert steps == [e.step for e in events.Scalars("eval/val_unseen/SR")]
     best = max(r["val_unseen/SR"] for r in rounds)
     assert best >= 0.25, rounds[-1]
 
@@ -81,3 +85,19 @@ def test_r2r_learns_to_follow_instructions_in_unseen_houses(tmp_path, monkeypatc
         pixels = np.asarray(Image.open(picture))
         assert pixels.shape == (256, 256, 3) and len(np.unique(pixels.reshape(-1, 3), axis=0)) > 3
 
+
+
+def test_eval_pictures_that_are_not_rgb_images_are_refused():
+    from fleetrl.learner.server import _decode_images
+    from fleetrl.proto import learner_pb2 as pb
+    from fleetrl.proto.tensors import WireError, encode
+
+    good = pb.EpisodeStats(env_index=0, eval_episode=3, images=[encode("val_seen/topdown", np.zeros((4, 5, 3), np.uint8))])
+    assert _decode_images(good)["val_seen/topdown"].shape == (4, 5, 3)
+    for image, why in ((np.zeros((4, 5), np.uint8), "expected \\[H, W, 3\\] uint8"),
+                       (np.zeros((4, 5, 3), np.float32), "got float32"),
+                       (np.zeros((3000, 2, 3), np.uint8), "at most 2048")):
+        with pytest.raises(WireError, match=why):
+            _decode_images(pb.EpisodeStats(env_index=0, eval_episode=3, images=[encode("x", image)]))
+    with pytest.raises(WireError, match="only with eval episodes"):
+        _decode_images(pb.EpisodeStats(env_index=0, images=[encode("x", np.zeros((4, 5, 3), np.uint8))]))

@@ -93,7 +93,7 @@ class R2REnv(gym.Env):
         if not episodes:
             raise DataError(f"split {split!r} has no episodes in this env's scans")
         index = options.get("index", int(self.np_random.integers(len(episodes))))
-        self.split, self.episode = split, episodes[index]
+        self.split, self.index, self.episode = split, index, episodes[index]
         self.graph = self.graphs[self.episode.scan]
         self.instruction = self.vocab.encode(self.episode.instruction, self.max_instruction_len)
         self.trajectory = [self.episode.path[0]]
@@ -130,7 +130,7 @@ class R2REnv(gym.Env):
     def _end(self, reward: float, terminated: bool):
         at_goal = self.trajectory[-1] == self.episode.path[-1]
         reward += self.stop_bonus if at_goal and terminated else -self.stop_bonus
-        info = {"instr_id": self.episode.instr_id, "split": self.split, "scan": self.episode.scan,
+        info = {"instr_id": self.episode.instr_id, "split": self.split, "index": self.index, "scan": self.episode.scan,
                 "reference": list(self.episode.path), "trajectory": list(self.trajectory),
                 "headings": list(self.headings),
                 "metrics": vln.episode_metrics(self.trajectory, self.episode.path, self.graph.distance)}
