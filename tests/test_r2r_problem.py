@@ -58,7 +58,7 @@ def test_r2r_learns_to_follow_instructions_in_unseen_houses(tmp_path, monkeypatc
     assert code == 0, output
     rounds = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
     assert rounds and all(f"{split}/{m}" in rounds[-1] for split in SPLITS for m in METRICS)
-    events = EventAccumulator(str(tmp_path / "run" / "eval"), size_guidance={"scalars": 0})
+    events = EventAccumulator(str(tmp_path / "run" / "eval"), size_guidance={"scalars": 0, "images": 0})
     events.Reload()
     assert {f"eval/{split}/{m}" for split in SPLITS for m in METRICS} <= set(events.Tags()["scalars"])
     # A top-down picture of each split's first episode, per round.
