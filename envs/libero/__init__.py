@@ -1,0 +1,1 @@
+"""LIBERO robot manipulation: suites, reset states, and the simulator as a Gymnasium env."""

@@ -1,0 +1,40 @@
+"""LIBERO's own configuration, written by fleetrl so that importing libero never prompts.
+
+`import libero` asks on stdin where its files are unless `$LIBERO_CONFIG_PATH/config.yaml`
+exists (an EOFError in CI). `prepare_libero` writes that file from the installed package's
+location, without importing it, and defaults MuJoCo to headless EGL rendering.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+DEFAULT_CONFIG_DIR = os.path.join(os.path.expanduser("~"), ".fleetrl", "libero")
+
+
+class LiberoNotInstalled(ImportError):
+    pass
+
+
+def prepare_libero(config_dir: str | None = None, mujoco_gl: str = "egl") -> str:
+    """Writes config.yaml (if missing) and sets LIBERO_CONFIG_PATH and MUJOCO_GL unless the
+    environment already sets them; returns the config file's path. Call before importing libero."""
+    spec = importlib.util.find_spec("libero")
+    if spec is None or not spec.submodule_search_locations:
+        raise LiberoNotInstalled("LIBERO is not installed: run `make libero` (see BUILD.md)")
+    root = os.path.join(list(spec.submodule_search_locations)[0], "libero")
+    config_dir = os.environ.setdefault("LIBERO_CONFIG_PATH", config_dir or DEFAULT_CONFIG_DIR)
+    os.environ.setdefault("MUJOCO_GL", mujoco_gl)
+    os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
+    path = os.path.join(config_dir, "config.yaml")
+    if not os.path.exists(path):
+        os.makedirs(config_dir, exist_ok=True)
+        entries = {"benchmark_root": root, "bddl_files": os.path.join(root, "bddl_files"),
+                   "init_states": os.path.join(root, "init_files"), "datasets": os.path.join(config_dir, "datasets"),
+                   "assets": os.path.join(root, "assets")}
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            f.writelines(f"{key}: {value}\n" for key, value in entries.items())
+        os.replace(tmp, path)
+    return path

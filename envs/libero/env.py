@@ -1,0 +1,138 @@
+"""One LIBERO simulator as a Gymnasium env: a suite's tasks, reset by global reset_state_id.
+
+Observation:
+  main_image   [S, S, 3] uint8  agentview camera, rotated 180 degrees (LIBERO renders upside down)
+  wrist_image  [S, S, 3] uint8  eye-in-hand camera, rotated likewise
+  state        [8] float32      end-effector position (3), axis-angle (3), gripper joints (2)
+  language     [L] uint8        the task's instruction as UTF-8, zero-padded
+  task_id      [] int64         the task's index in the suite
+Action: [7] float32 in [-1, 1]: delta end-effector position (3) and rotation (3), then the
+gripper, -1 open and +1 closed (LIBERO's convention).
+Reward: `reward_coef` when the task succeeds (only the first time with `reward_once`),
+minus `step_penalty` every step. Success ends the episode unless `ignore_terminations`;
+`max_episode_steps` (per suite by default) truncates it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import gymnasium as gym
+import numpy as np
+
+from fleetrl.envs.libero.config import prepare_libero
+from fleetrl.envs.libero.reset_states import ResetStates
+
+SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
+# Episode caps in common use (the demonstrations' longest, with margin).
+MAX_EPISODE_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
+                     "libero_90": 400}
+LANGUAGE_BYTES = 128
+OPEN_GRIPPER = -1.0
+
+
+def axis_angle(quaternion: np.ndarray) -> np.ndarray:
+    """(x, y, z, w) quaternion -> axis * angle, as robosuite's quat2axisangle."""
+    x, y, z, w = quaternion
+    w = float(np.clip(w, -1.0, 1.0))
+    den = math.sqrt(max(1.0 - w * w, 0.0))
+    if den < 1e-8:
+        return np.zeros(3, np.float32)
+    return (np.array([x, y, z]) * 2.0 * math.acos(w) / den).astype(np.float32)
+
+
+def encode_language(text: str, length: int = LANGUAGE_BYTES) -> np.ndarray:
+    data = text.encode("utf-8")[:length]
+    return np.frombuffer(data.ljust(length, b"\0"), dtype=np.uint8).copy()
+
+
+def decode_language(data: np.ndarray) -> str:
+    return bytes(np.asarray(data, np.uint8)).rstrip(b"\0").decode("utf-8", errors="replace")
+
+
+class LiberoEnv(gym.Env):
+    def __init__(self, suite: str = "libero_10", task_ids: tuple[int, ...] = (), image_size: int = 128,
+                 max_episode_steps: int | None = None, num_wait_steps: int = 10, reward_coef: float = 5.0,
+                 reward_once: bool = True, step_penalty: float = 0.0, ignore_terminations: bool = False):
+        if suite not in SUITES:
+            raise ValueError(f"unknown LIBERO suite {suite!r}; choose from {SUITES}")
+        prepare_libero()
+        from libero.libero import benchmark  # after prepare_libero: importing it reads the config
+
+        self.suite_name, self.image_size, self.num_wait_steps = suite, image_size, num_wait_steps
+        self.max_episode_steps = max_episode_steps or MAX_EPISODE_STEPS[suite]
+        self.reward_coef, self.reward_once, self.step_penalty = reward_coef, reward_once, step_penalty
+        self.ignore_terminations = ignore_terminations
+        self.suite = benchmark.get_benchmark_dict()[suite]()
+        all_tasks = range(self.suite.get_num_tasks())
+        self.task_ids = tuple(task_ids) or tuple(all_tasks)
+        if not set(self.task_ids) <= set(all_tasks):
+            raise ValueError(f"{suite} has tasks 0..{len(all_tasks) - 1}, not {sorted(set(self.task_ids) - set(all_tasks))}")
+        self._init_states = [self.suite.get_task_init_states(t) for t in self.task_ids]
+        self.reset_states = ResetStates([len(s) for s in self._init_states])
+        self._sim = None
+        self._sim_task: int | None = None
+        image = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
+        self.observation_space = gym.spaces.Dict({
+            "main_image": image, "wrist_image": image,
+            "state": gym.spaces.Box(-np.inf, np.inf, (8,), np.float32),
+            "language": gym.spaces.Box(0, 255, (LANGUAGE_BYTES,), np.uint8),
+            "task_id": gym.spaces.Box(0, max(all_tasks), (), np.int64),
+        })
+        self.action_space = gym.spaces.Box(-1.0, 1.0, (7,), np.float32)
+
+    def _simulator(self, task: int):
+        """The task's simulator; building one takes seconds, so it is kept while the task stays."""
+        if self._sim_task != task:
+            from libero.libero.envs import OffScreenRenderEnv
+
+            if self._sim is not None:
+                self._sim.close()
+            spec = self.suite.get_task(task)
+            bddl = self.suite.get_task_bddl_file_path(task) if hasattr(self.suite, "get_task_bddl_file_path") \
+                else spec.bddl_file
+            self._sim = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=self.image_size,
+                                           camera_widths=self.image_size)
+            self._sim_task, self.language = task, spec.language
+        return self._sim
+
+    def reset(self, *, seed=None, options=None):
+        """options={"reset_state_id": i} picks the (task, init state); otherwise one at random."""
+        super().reset(seed=seed)
+        options = options or {}
+        reset_state_id = int(options.get("reset_state_id", self.np_random.integers(len(self.reset_states))))
+        index, trial = self.reset_states.task_trial(reset_state_id)
+        self.task = self.task_ids[index]
+        sim = self._simulator(self.task)
+        sim.seed(int(self.np_random.integers(2**31)))
+        sim.reset()
+        raw = sim.set_init_state(self._init_states[index][trial])
+        for _ in range(self.num_wait_steps):  # let objects settle, gripper open
+            raw, _, _, _ = sim.step([0.0] * 6 + [OPEN_GRIPPER])
+        self.steps, self.succeeded, self.reset_state_id = 0, False, reset_state_id
+        return self._observe(raw), {"task_id": self.task, "reset_state_id": reset_state_id}
+
+    def step(self, action):
+        action = np.clip(np.asarray(action, np.float64).reshape(7), -1.0, 1.0)
+        raw, _, done, _ = self._sim.step(action.tolist())
+        self.steps += 1
+        success = bool(done)
+        paid = success and not (self.reward_once and self.succeeded)
+        reward = (self.reward_coef if paid else 0.0) - self.step_penalty
+        self.succeeded |= success
+        terminated = success and not self.ignore_terminations
+        truncated = not terminated and self.steps >= self.max_episode_steps
+        info = {"success": success, "success_once": self.succeeded, "task_id": self.task}
+        return self._observe(raw), float(reward), terminated, truncated, info
+
+    def _observe(self, raw: dict) -> dict[str, np.ndarray]:
+        state = np.concatenate([raw["robot0_eef_pos"], axis_angle(raw["robot0_eef_quat"]),
+                                raw["robot0_gripper_qpos"]]).astype(np.float32)
+        return {"main_image": np.ascontiguousarray(raw["agentview_image"][::-1, ::-1]),
+                "wrist_image": np.ascontiguousarray(raw["robot0_eye_in_hand_image"][::-1, ::-1]),
+                "state": state, "language": encode_language(self.language), "task_id": np.int64(self.task)}
+
+    def close(self):
+        if self._sim is not None:
+            self._sim.close()
+            self._sim = None

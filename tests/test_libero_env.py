@@ -1,0 +1,66 @@
+"""Real LIBERO (`make test` installs it with `make libero`): resets by reset_state_id, images, rewards."""
+
+import numpy as np
+import pytest
+
+from fleetrl.envs.libero.env import LiberoEnv, axis_angle, decode_language, encode_language
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory, monkeypatch_module):
+    # fleetrl writes LIBERO's config itself: no prompt, even with no config anywhere yet.
+    monkeypatch_module.setenv("LIBERO_CONFIG_PATH", str(tmp_path_factory.mktemp("libero-config")))
+    env = LiberoEnv("libero_10", task_ids=(0, 1), image_size=64, num_wait_steps=2, max_episode_steps=3)
+    yield env
+    env.close()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
+
+
+def test_the_reset_state_id_picks_the_task_and_its_init_state(env):
+    assert env.reset_states.counts == [50, 50]
+    obs, info = env.reset(options={"reset_state_id": 57})
+    assert info == {"task_id": 1, "reset_state_id": 57}
+    assert env.observation_space.contains(obs)
+    assert obs["task_id"] == 1 and decode_language(obs["language"]) == env.suite.get_task(1).language
+    first = env.reset(options={"reset_state_id": 7})[0]
+    again = env.reset(options={"reset_state_id": 7})[0]
+    np.testing.assert_allclose(first["state"], again["state"], atol=1e-3)  # the same init state
+
+
+def test_images_have_their_size_and_content(env):
+    obs, _ = env.reset(options={"reset_state_id": 0})
+    for key in ("main_image", "wrist_image"):
+        assert obs[key].shape == (64, 64, 3) and obs[key].dtype == np.uint8
+        assert obs[key].std() > 5  # a scene, not a blank frame
+    assert not np.array_equal(obs["main_image"], obs["wrist_image"])
+
+
+def test_images_are_turned_upright():
+    """LIBERO renders upside down; the env rotates by 180 degrees."""
+    raw_image = np.zeros((4, 4, 3), np.uint8)
+    raw_image[0, 0] = 255  # top left
+    raw = {"agentview_image": raw_image, "robot0_eye_in_hand_image": raw_image, "robot0_eef_pos": np.zeros(3),
+           "robot0_eef_quat": np.array([0.0, 0.0, 0.0, 1.0]), "robot0_gripper_qpos": np.zeros(2)}
+    observe = LiberoEnv._observe.__get__(type("Fake", (), {"language": "pick", "task": 0})())
+    obs = observe(raw)
+    assert obs["main_image"][3, 3].tolist() == [255, 255, 255] and obs["main_image"][0, 0].tolist() == [0, 0, 0]
+
+
+def test_the_step_cap_truncates_an_unsolved_episode(env):
+    env.reset(options={"reset_state_id": 3})
+    for _ in range(3):
+        obs, reward, terminated, truncated, info = env.step(np.zeros(7, np.float32))
+        assert reward == 0.0 and not terminated and info["success_once"] is False
+    assert truncated
+
+
+def test_state_and_language_encodings():
+    np.testing.assert_allclose(axis_angle(np.array([0.0, 0.0, np.sin(0.5), np.cos(0.5)])), [0, 0, 1.0], atol=1e-6)
+    assert decode_language(encode_language("open the drawer")) == "open the drawer"
+    with pytest.raises(ValueError, match="unknown LIBERO suite 'libero_11'"):
+        LiberoEnv("libero_11")
