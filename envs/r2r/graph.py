@@ -19,6 +19,17 @@ class DataError(ValueError):
     """A data file is missing or malformed; the message names the file and the field."""
 
 
+def read_json(path: str, missing: str) -> object:
+    """The parsed file; `missing` is the message when it does not exist."""
+    if not os.path.exists(path):
+        raise DataError(missing)
+    with open(path) as f:
+        try:
+            return json.load(f)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{path}: not valid JSON: {e}") from e
+
+
 class ScanGraph:
     """One scan: the graph, viewpoint positions, and shortest paths between every pair."""
 
@@ -56,13 +67,7 @@ class ScanGraph:
 
 def load_scan_graph(connectivity_dir: str, scan: str) -> ScanGraph:
     path = os.path.join(connectivity_dir, f"{scan}_connectivity.json")
-    if not os.path.exists(path):
-        raise DataError(f"scan {scan!r}: no connectivity file {path}")
-    with open(path) as f:
-        try:
-            entries = json.load(f)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: not valid JSON: {e}") from e
+    entries = read_json(path, f"scan {scan!r}: no connectivity file {path}")
     graph = nx.Graph()
     positions: dict[str, np.ndarray] = {}
     for i, entry in enumerate(entries):

@@ -6,10 +6,8 @@ An episode's id is `{path_id}_{k}`, the id R2R's results files and scorers use.
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 
-from fleetrl.envs.r2r.graph import DataError, ScanGraph
+from fleetrl.envs.r2r.graph import DataError, ScanGraph, read_json
 
 _REQUIRED = ("scan", "path_id", "path", "heading", "instructions")
 
@@ -24,13 +22,7 @@ class Episode:
 
 
 def read_instructions(path: str) -> list[Episode]:
-    if not os.path.exists(path):
-        raise DataError(f"no instruction file {path}")
-    with open(path) as f:
-        try:
-            entries = json.load(f)
-        except json.JSONDecodeError as e:
-            raise DataError(f"{path}: not valid JSON: {e}") from e
+    entries = read_json(path, f"no instruction file {path}")
     episodes = []
     for i, entry in enumerate(entries):
         for field in _REQUIRED:
