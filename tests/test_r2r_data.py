@@ -203,4 +203,5 @@ def test_the_readers_take_real_r2r_files(tmp_path):
             assert b in graph.neighbours(a)
     vocab = Vocab.read(os.path.join(SAMPLE, "vocab.txt"))
     ids = vocab.encode(episodes[0].instruction, 80)
-    assert (ids != vocab.pad_id).sum() > 10 and vocab.unk_id in ids or (ids != vocab.unk_id).all()
+    words = ids[(ids != vocab.pad_id) & (ids != vocab.eos_id)]
+    assert len(words) > 10 and (words == vocab.unk_id).mean() < 0.1  # VALAN's vocab covers its own data
