@@ -78,8 +78,9 @@ class Actor:
                 episodes.close()
                 self._channel.close()
             return
-        envs = make_vector_env(problem.make_actor_env, self.config.num_envs, self.config.async_envs,
-                               problem.config.group_size, self.config.seed)
+        n = self.config.num_envs
+        asynchronous = self.config.async_envs or (problem.envs_in_subprocesses and n > 1)
+        envs = make_vector_env(problem.make_actor_env, n, asynchronous, problem.config.group_size, self.config.seed)
         try:
             self._act(problem_name, problem, envs, max_steps)
         finally:

@@ -5,6 +5,12 @@ With next-step autoreset, the step that ends an episode returns its final observ
 step resets that env and returns the new episode's first observation with reward 0. The
 learner's loss masks that reset transition (see `fleetrl.losses.transitions`).
 
+Actors always use next-step autoreset, because the learner must see each episode's final
+observation as an ordinary step. `autoreset_mode="same_step"` is there for loops of one's
+own (RLinf's style): the finished env resets inside the step, and its final observation
+and info come back in `info["final_obs"]` / `info["final_info"]`, masked by
+`info["_final_obs"]` (exactly the envs that finished). "disabled" leaves resets to the caller.
+
 With `group_size` > 1 (GRPO), consecutive envs form groups whose members draw the same
 sequence of reset seeds, so the k-th episodes of a group's members start from the same state.
 """
@@ -34,9 +40,16 @@ def _grouped(make_env: Callable[[], gym.Env], seed: int) -> gym.Env:
     return GroupResetSeeds(make_env(), seed)
 
 
+AUTORESET_MODES = {"next_step": gym.vector.AutoresetMode.NEXT_STEP,
+                   "same_step": gym.vector.AutoresetMode.SAME_STEP,
+                   "disabled": gym.vector.AutoresetMode.DISABLED}
+
+
 def make_vector_env(make_env: Callable[[], gym.Env], num_envs: int, asynchronous: bool = False,
-                    group_size: int = 1, seed: int = 0) -> gym.vector.VectorEnv:
-    """`asynchronous` runs each env in its own process: worth it for heavy simulators only."""
+                    group_size: int = 1, seed: int = 0, autoreset_mode: str = "next_step") -> gym.vector.VectorEnv:
+    """`asynchronous` runs each env in its own (spawned) process: worth it for heavy simulators only."""
+    if autoreset_mode not in AUTORESET_MODES:
+        raise ValueError(f"unknown autoreset_mode {autoreset_mode!r}; choose from {sorted(AUTORESET_MODES)}")
     if group_size > 1:
         if num_envs % group_size:
             raise ValueError(f"num_envs {num_envs} is not a multiple of group_size {group_size}")
@@ -44,7 +57,9 @@ def make_vector_env(make_env: Callable[[], gym.Env], num_envs: int, asynchronous
         fns = [functools.partial(_grouped, make_env, int(group_seeds[i // group_size])) for i in range(num_envs)]
     else:
         fns = [make_env] * num_envs
-    mode = gym.vector.AutoresetMode.NEXT_STEP
+    mode = AUTORESET_MODES[autoreset_mode]
     if asynchronous:
-        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode)
+        # spawn, not fork: the actor already holds a gRPC channel and torch threads, which
+        # a forked child must not inherit.
+        return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="spawn")
     return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)

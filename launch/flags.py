@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from absl import flags
 
@@ -123,11 +123,57 @@ def to_argv(config: Any, skip: tuple[str, ...] = ()) -> list[str]:
     return argv
 
 
+_problem_flags: list[str] = []
+
+
+def define_problem_flags(argv: Sequence[str]) -> None:
+    """Makes each field of the chosen Problem's config a flag of its own, so that
+    `--suite=libero_10` means `--hparams=suite=libero_10`. Call it before absl parses
+    `argv`. Fields whose name is already a flag (batch_size, seed, ...) stay hparams only,
+    and an unknown Problem is left for the learner to report."""
+    name = LearnerConfig.problem
+    for i, arg in enumerate(argv):
+        if arg.startswith("--problem="):
+            name = arg.split("=", 1)[1]
+        elif arg == "--problem" and i + 1 < len(argv):
+            name = argv[i + 1]
+    try:
+        config_cls = problem_class(name).Config
+    except UnknownProblemError:
+        return
+    for field in dataclasses.fields(config_cls):
+        if field.name in flags.FLAGS:
+            continue
+        default = field.default if field.default is not dataclasses.MISSING else field.default_factory()
+        flags.DEFINE_string(field.name, None, f"Problem hparam (default {default!r}); "
+                            f"the same as --hparams={field.name}=VALUE.")
+        _problem_flags.append(field.name)
+
+
+def problem_hparams_from_flags(hparams: Mapping[str, str]) -> dict[str, str]:
+    """`hparams` with the Problem's own flags that the command line set (those win)."""
+    given = {name: flags.FLAGS[name].value for name in _problem_flags if flags.FLAGS[name].present}
+    return {**hparams, **given}
+
+
+def launch_flags_with_problem_defaults(names: Sequence[str]) -> dict[str, Any]:
+    """The values of the flags `names`, with the Problem's `launch_defaults` for those the
+    command line did not set."""
+    try:
+        defaults = problem_class(flags.FLAGS.problem).launch_defaults
+    except UnknownProblemError:
+        defaults = {}
+    return {name: defaults[name] if name in defaults and not flags.FLAGS[name].present else flags.FLAGS[name].value
+            for name in names}
+
+
 def learner_config_from_flags(**overrides: Any) -> LearnerConfig:
     """The LearnerConfig of the command line, with the Problem's `learner_defaults` for
-    the flags it did not set. An unknown Problem is left for the learner to report."""
+    the flags it did not set, and the Problem's own flags merged into its hparams. An
+    unknown Problem is left for the learner to report."""
     try:
         defaults = problem_class(flags.FLAGS.problem).learner_defaults
     except UnknownProblemError:
         defaults = {}
-    return from_flags(LearnerConfig, defaults=defaults, **overrides)
+    config = from_flags(LearnerConfig, defaults=defaults, **overrides)
+    return dataclasses.replace(config, hparams=problem_hparams_from_flags(config.hparams))

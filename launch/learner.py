@@ -15,7 +15,7 @@ import sys
 
 from absl import app, flags, logging
 
-from fleetrl.launch.flags import define_flags, learner_config_from_flags
+from fleetrl.launch.flags import define_flags, define_problem_flags, learner_config_from_flags
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
 from fleetrl.problems.registry import UnknownProblemError
@@ -58,6 +58,7 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
+    define_problem_flags(sys.argv)
     app.run(lambda argv: sys.exit(main(argv)))
 
 

@@ -22,7 +22,8 @@ import grpc
 from absl import app, flags
 
 from fleetrl.actor.config import ActorConfig
-from fleetrl.launch.flags import define_flags, learner_config_from_flags, to_argv
+from fleetrl.launch.flags import (define_flags, define_problem_flags, launch_flags_with_problem_defaults,
+                                  learner_config_from_flags, to_argv)
 from fleetrl.launch.processes import ChildProcesses
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.proto import learner_pb2 as pb
@@ -184,10 +185,11 @@ def main(argv: list[str]) -> int:
     learner = learner_config_from_flags(bind="127.0.0.1:0")
     if FLAGS["logdir"].using_default_value:
         learner = dataclasses.replace(learner, logdir=os.path.join("runs", f"{_safe(learner.problem)}-{time.strftime('%Y%m%d-%H%M%S')}"))
+    given = launch_flags_with_problem_defaults(("num_actors", "envs_per_actor", "eval_envs_per_actor"))
     return launch(LocalConfig(
-        learner=learner, num_actors=FLAGS.num_actors, envs_per_actor=FLAGS.envs_per_actor,
+        learner=learner, num_actors=given["num_actors"], envs_per_actor=given["envs_per_actor"],
         async_envs=FLAGS.async_envs, max_reconnect_s=FLAGS.max_reconnect_s,
-        num_eval_actors=FLAGS.num_eval_actors, eval_envs_per_actor=FLAGS.eval_envs_per_actor,
+        num_eval_actors=FLAGS.num_eval_actors, eval_envs_per_actor=given["eval_envs_per_actor"],
         tensorboard_port=FLAGS.tensorboard_port, progress_interval_s=FLAGS.progress_interval_s))
 
 
@@ -196,6 +198,7 @@ def _safe(name: str) -> str:
 
 
 def run() -> None:
+    define_problem_flags(sys.argv)
     app.run(lambda argv: sys.exit(main(argv)))
 
 

@@ -61,6 +61,12 @@ class Problem:
     # {"block_inference_on_training": True} for PPO. The entry points apply them to
     # every flag the command line did not set.
     learner_defaults: ClassVar[dict[str, Any]] = {}
+    # launch.local settings (num_actors, envs_per_actor, eval_envs_per_actor) for flags the
+    # command line did not set: a heavy simulator wants fewer envs than CartPole's 2 x 32.
+    launch_defaults: ClassVar[dict[str, Any]] = {}
+    # Heavy simulators: an actor with more than one env steps them in subprocesses
+    # (one env stays in-process), whatever its async_envs flag says.
+    envs_in_subprocesses: ClassVar[bool] = False
 
     def __init__(self, config: Any = None):
         self.config = config if config is not None else self.Config()

@@ -1,5 +1,8 @@
 """Continuous control with Gaussian policies: Pendulum-v1, and a base for any Box-action env.
 
+`GaussianPolicyProblem` is the policy part alone, for Problems with agents of their own
+(LIBERO's VLA agent).
+
 The action bounds come from the env's action space; `action_squash` picks how the policy
 respects them (see `fleetrl.agents.distributions`).
 """
@@ -20,29 +23,16 @@ from fleetrl.problems.base import Problem, ProblemConfig
 
 
 @dataclasses.dataclass
-class ContinuousControlConfig(ProblemConfig):
-    env_id: str = "Pendulum-v1"
-    hidden_sizes: tuple[int, ...] = (64, 64)
+class GaussianPolicyConfig(ProblemConfig):
     # "tanh" squashes into the bounds; "clip" clips and puts the tails' mass on them.
     action_squash: str = "tanh"
-    state_dependent_std: bool = False
     initial_log_std: float = 0.0
 
 
-class ContinuousControlProblem(Problem):
-    """Any Gymnasium env with a flat Box observation and a Box action space."""
+class GaussianPolicyProblem(Problem):
+    """A Box action space and an agent that outputs action_mean and action_log_std."""
 
-    name = "continuous_control"
-    Config = ContinuousControlConfig
-
-    def make_env(self) -> gym.Env:
-        return gym.make(self.config.env_id, disable_env_checker=True)
-
-    def make_agent(self) -> Agent:
-        obs_space, action_space = self._spaces
-        return GaussianMLPAgent(int(np.prod(obs_space.shape)), int(np.prod(action_space.shape)),
-                                self.config.hidden_sizes, self.config.state_dependent_std,
-                                self.config.initial_log_std)
+    Config = GaussianPolicyConfig
 
     def action_distribution(self, agent_output: AgentOutput) -> torch.distributions.Distribution:
         space = self._spaces[1]  # with chunks, [K, D]: the agent's K * D outputs are unflattened to it
@@ -61,6 +51,29 @@ class ContinuousControlProblem(Problem):
     def entropy(self, agent_output: AgentOutput) -> torch.Tensor:
         dist = self.action_distribution(agent_output)
         return dist.entropy_per_dimension() if self.config.chunk_size > 1 else dist.entropy()
+
+
+@dataclasses.dataclass
+class ContinuousControlConfig(GaussianPolicyConfig):
+    env_id: str = "Pendulum-v1"
+    hidden_sizes: tuple[int, ...] = (64, 64)
+    state_dependent_std: bool = False
+
+
+class ContinuousControlProblem(GaussianPolicyProblem):
+    """Any Gymnasium env with a flat Box observation and a Box action space."""
+
+    name = "continuous_control"
+    Config = ContinuousControlConfig
+
+    def make_env(self) -> gym.Env:
+        return gym.make(self.config.env_id, disable_env_checker=True)
+
+    def make_agent(self) -> Agent:
+        obs_space, action_space = self._spaces
+        return GaussianMLPAgent(int(np.prod(obs_space.shape)), int(np.prod(action_space.shape)),
+                                self.config.hidden_sizes, self.config.state_dependent_std,
+                                self.config.initial_log_std)
 
 
 @dataclasses.dataclass

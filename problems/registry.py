@@ -23,6 +23,7 @@ BUILTIN: dict[str, str] = {
     "gym_cards/points24": "fleetrl.problems.gym_cards:Points24Problem",
     "gym_cards/blackjack": "fleetrl.problems.gym_cards:BlackjackProblem",
     "r2r": "fleetrl.problems.r2r:R2RProblem",
+    "libero": "fleetrl.problems.libero:LiberoProblem",
 }
 _registry: dict[str, str] = dict(BUILTIN)
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from fleetrl.agents import Agent, ConvLSTMAgent, LSTMAgent, MLPAgent, VLNAgent
+from fleetrl.agents import Agent, ConvLSTMAgent, LSTMAgent, MLPAgent, VLAAgent, VLNAgent
+from fleetrl.envs.libero.env import encode_language
 
 
 class InstructionAgent(Agent):
@@ -86,10 +87,22 @@ def image_observations(num_steps, batch):
     return {"image": torch.randint(0, 256, (num_steps, batch, 16, 16, 3), dtype=torch.uint8)}
 
 
+def manipulation_observations(num_steps, batch):
+    tasks = ["open the top drawer", "put the bowl on the plate", "turn on the stove"]
+    language = torch.stack([torch.from_numpy(encode_language(tasks[i % 3])) for i in range(num_steps * batch)])
+    return {"main_image": torch.randint(0, 256, (num_steps, batch, 24, 24, 3), dtype=torch.uint8),
+            "wrist_image": torch.randint(0, 256, (num_steps, batch, 24, 24, 3), dtype=torch.uint8),
+            "state": torch.randn(num_steps, batch, 8), "language": language.reshape(num_steps, batch, -1)}
+
+
 @pytest.mark.parametrize("make_agent, make_obs", [
     (lambda: VLNAgent(vocab_size=20, feature_dim=5, hidden_size=16, embedding_size=8), vln_observations),
     (lambda: ConvLSTMAgent(16, 3, (4, 8), hidden_size=16, lstm_size=8), image_observations),
-], ids=["vln", "conv_lstm"])
+    (lambda: VLAAgent(chunk_size=3, channels=(4, 8), hidden_size=16, grid=2, text_encoder="minilm",
+                      value_pooling="attention"), manipulation_observations),
+    (lambda: VLAAgent(chunk_size=3, channels=(4, 8), hidden_size=16, grid=2, text_encoder="bytes",
+                      value_pooling="max"), manipulation_observations),
+], ids=["vln", "conv_lstm", "vla_minilm", "vla_bytes"])
 def test_task_agents_step_by_step_equal_their_unroll(make_agent, make_obs):
     """The navigation agent's instruction encoding lives in its state and is redone at each
     episode start; stepping (inference, T=1) and unrolling (training) agree all the same."""
@@ -110,3 +123,22 @@ def test_task_agents_step_by_step_equal_their_unroll(make_agent, make_obs):
         torch.testing.assert_close(unrolled[key], torch.stack([o[key] for o in stepped]), rtol=1e-5, atol=1e-5)
     if "candidate_mask" in obs:  # masked slots are never chosen
         assert (unrolled["policy_logits"][..., 3:] < -1e8).all()
+
+
+def test_the_vla_agent_reads_the_language_through_the_frozen_sentence_encoder():
+    """The embedding is computed once per episode, from the language bytes, and never trained
+    or checkpointed; its output is a Gaussian over a chunk of 7-dim actions."""
+    torch.manual_seed(0)
+    agent = VLAAgent(chunk_size=4, channels=(4, 8), hidden_size=16, grid=2)
+    obs = {k: v[0] for k, v in manipulation_observations(1, 3).items()}
+    state = agent.initial_state(obs)
+    assert state.shape == (3, 384) and not state.requires_grad
+    torch.testing.assert_close(state.norm(dim=-1), torch.ones(3))  # MiniLM's embeddings are unit vectors
+    assert not torch.allclose(state[0], state[1])  # different instructions, different embeddings
+    assert all(not name.startswith(("_model", "encoder")) for name in agent.state_dict())
+    assert sum(p.numel() for p in agent.parameters()) < 1_000_000  # the 22M-parameter encoder is not in it
+    out, _ = agent.step(obs, torch.ones(3, dtype=torch.bool), state)
+    assert out["action_mean"].shape == out["action_log_std"].shape == (3, 4 * 7)
+    assert out["baseline"].shape == (3,)
+    with pytest.raises(ValueError, match="unknown value_pooling 'sum'"):
+        VLAAgent(value_pooling="sum")

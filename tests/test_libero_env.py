@@ -64,3 +64,39 @@ def test_state_and_language_encodings():
     assert decode_language(encode_language("open the drawer")) == "open the drawer"
     with pytest.raises(ValueError, match="unknown LIBERO suite 'libero_11'"):
         LiberoEnv("libero_11")
+
+
+def test_eval_options_pick_a_task_and_trial(env):
+    _, info = env.reset(options={"task_index": 1, "trial": 7})
+    assert info == {"task_id": 1, "reset_state_id": 57}
+
+
+def test_same_step_autoreset_returns_the_finished_episode_with_a_mask(monkeypatch_module):
+    """Two envs capped at 2 and 3 steps: each finishes on its own step, and only its final
+    observation and info (with the episode's metrics) come back, marked in the mask."""
+    from fleetrl.actor.episode_tracker import env_info
+    from fleetrl.envs.vector import make_vector_env
+
+    caps = iter([2, 3])
+    envs = make_vector_env(lambda: LiberoEnv("libero_10", task_ids=(0,), image_size=32, num_wait_steps=1,
+                                             max_episode_steps=next(caps), step_penalty=0.25),
+                           num_envs=2, autoreset_mode="same_step")
+    try:
+        envs.reset(seed=[0, 1])
+        finished = []
+        for _ in range(3):
+            obs, reward, terminated, truncated, info = envs.step(np.zeros((2, 7), np.float32))
+            mask = info.get("_final_obs", np.zeros(2, bool))
+            assert mask.tolist() == (terminated | truncated).tolist()
+            finished.append(mask.tolist())
+            for i in np.flatnonzero(mask):
+                final = info["final_info"]
+                assert final["_episode_len"][i] and final["episode_len"][i] == [2, 3][i]
+                assert final["return"][i] == pytest.approx(-0.25 * [2, 3][i])
+                assert not final["success_once"][i]
+                assert info["final_obs"][i]["main_image"].shape == (32, 32, 3)
+                # The env already started its next episode: this step's info is that reset's.
+                assert info["_reset_state_id"][i] and "episode_len" not in env_info(info, int(i))
+        assert finished == [[False, False], [True, False], [False, True]]
+    finally:
+        envs.close()

@@ -11,6 +11,10 @@ gripper, -1 open and +1 closed (LIBERO's convention).
 Reward: `reward_coef` when the task succeeds (only the first time with `reward_once`),
 minus `step_penalty` every step. Success ends the episode unless `ignore_terminations`;
 `max_episode_steps` (per suite by default) truncates it.
+Info, every step: `success` (this step), `success_once`, `return` and `episode_len` so far,
+and `task_id`; the last step's info is the episode's metrics, which a vector env with
+same-step autoreset hands back as `final_info` (see fleetrl.envs.vector).
+Action chunks: `fleetrl.envs.action_chunks.ActionChunks` plays [K, 7] chunks (chunk_step).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero
 # Episode caps in common use (the demonstrations' longest, with margin).
 MAX_EPISODE_STEPS = {"libero_spatial": 220, "libero_object": 280, "libero_goal": 300, "libero_10": 520,
                      "libero_90": 400}
+# Tasks per suite, for sizing an eval set without loading the suite; each task has 50 init states.
+NUM_TASKS = {"libero_spatial": 10, "libero_object": 10, "libero_goal": 10, "libero_10": 10, "libero_90": 90}
 LANGUAGE_BYTES = 128
 OPEN_GRIPPER = -1.0
 
@@ -97,10 +103,14 @@ class LiberoEnv(gym.Env):
         return self._sim
 
     def reset(self, *, seed=None, options=None):
-        """options={"reset_state_id": i} picks the (task, init state); otherwise one at random."""
+        """options={"reset_state_id": i}, or {"task_index": t, "trial": j} (t indexes `task_ids`),
+        picks the (task, init state); otherwise one is drawn at random."""
         super().reset(seed=seed)
         options = options or {}
-        reset_state_id = int(options.get("reset_state_id", self.np_random.integers(len(self.reset_states))))
+        if "task_index" in options:
+            reset_state_id = self.reset_states.reset_state_id(int(options["task_index"]), int(options["trial"]))
+        else:
+            reset_state_id = int(options.get("reset_state_id", self.np_random.integers(len(self.reset_states))))
         index, trial = self.reset_states.task_trial(reset_state_id)
         self.task = self.task_ids[index]
         sim = self._simulator(self.task)
@@ -109,7 +119,7 @@ class LiberoEnv(gym.Env):
         raw = sim.set_init_state(self._init_states[index][trial])
         for _ in range(self.num_wait_steps):  # let objects settle, gripper open
             raw, _, _, _ = sim.step([0.0] * 6 + [OPEN_GRIPPER])
-        self.steps, self.succeeded, self.reset_state_id = 0, False, reset_state_id
+        self.steps, self.succeeded, self.episode_return, self.reset_state_id = 0, False, 0.0, reset_state_id
         return self._observe(raw), {"task_id": self.task, "reset_state_id": reset_state_id}
 
     def step(self, action):
@@ -120,9 +130,11 @@ class LiberoEnv(gym.Env):
         paid = success and not (self.reward_once and self.succeeded)
         reward = (self.reward_coef if paid else 0.0) - self.step_penalty
         self.succeeded |= success
+        self.episode_return += reward
         terminated = success and not self.ignore_terminations
         truncated = not terminated and self.steps >= self.max_episode_steps
-        info = {"success": success, "success_once": self.succeeded, "task_id": self.task}
+        info = {"success": success, "success_once": self.succeeded, "return": self.episode_return,
+                "episode_len": self.steps, "task_id": self.task, "reset_state_id": self.reset_state_id}
         return self._observe(raw), float(reward), terminated, truncated, info
 
     def _observe(self, raw: dict) -> dict[str, np.ndarray]:

@@ -1,0 +1,55 @@
+"""The libero Problem: its eval set, and a short run of the whole system on real LIBERO."""
+
+import json
+
+import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from fleetrl.learner.eval_rounds import EvalRounds
+from fleetrl.problems import load_problem
+
+
+def test_eval_rounds_play_every_task_and_trial_exactly_once_across_eval_actors():
+    problem = load_problem("libero", {"suite": "libero_goal", "task_ids": "[2,5,7]", "eval_trials_per_task": "4"})
+    assert problem.num_eval_episodes() == 12
+    rounds = EvalRounds(lambda: (None, 0), problem.num_eval_episodes(), interval_s=0.0, on_complete=lambda r: None)
+    played = []
+    actors = ["a", "b", "c"]
+    while len(played) < 12:
+        for actor in actors:
+            work = rounds.work(actor, max_episodes=2)
+            for episode in work.episodes:
+                _, options = problem.eval_reset(episode)
+                played.append((options["task_index"], options["trial"]))
+                rounds.record(actor, episode, {"success_once": 0.0})
+    assert sorted(played) == [(t, j) for t in range(3) for j in range(4)]
+    assert rounds.completed == 1
+
+
+def test_episode_metrics_report_success_per_task():
+    problem = load_problem("libero", {"suite": "libero_10"})
+    metrics = problem.episode_metrics({"success_once": True, "episode_len": 37, "task_id": 4, "return": 5.0})
+    assert metrics == {"success_once": 1.0, "episode_len": 37.0, "task_4/success": 1.0}
+
+
+def test_a_learner_and_one_actor_train_on_real_libero_with_action_chunks(tmp_path):
+    """The flags a user types (--suite, --task_ids, ... are the Problem's own); one env, so
+    in-process; 24 chunks of 4 actions in 16-action episodes, batches of one 4-step unroll."""
+    from test_launch_local import finish, start_local, read_scalars
+
+    logdir = tmp_path / "run"
+    process, tag = start_local(
+        logdir, "--problem=libero", "--suite=libero_spatial", "--task_ids=[0]", "--image_size=32",
+        "--chunk_size=4", "--max_episode_steps=16", "--num_wait_steps=2", "--minibatches=1", "--num_actors=1",
+        "--envs_per_actor=1", "--unroll_length=4", "--batch_size=1", "--total_env_steps=24", "--seed=0")
+    code, output = finish(process, tag)
+    assert code == 0, output
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["trainer_steps"] >= 1 and summary["episodes"] >= 4, summary
+    scalars = read_scalars(logdir)
+    for tag_ in ("train/success_once", "train/episode_len", "train/task_0/success", "loss/policy", "ppo/approx_kl"):
+        assert tag_ in scalars, sorted(scalars)
+    assert set(scalars["train/episode_len"]) == {16.0}  # 4 chunks of 4 actions each, then truncation
+    checkpoint = torch.load(max((logdir / "checkpoints").glob("ckpt-*.pt")), weights_only=True)
+    assert checkpoint["problem"] == "libero"
+    assert checkpoint["hparams"]["suite"] == "libero_spatial" and checkpoint["hparams"]["chunk_size"] == "4"
