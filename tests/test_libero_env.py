@@ -100,3 +100,26 @@ def test_same_step_autoreset_returns_the_finished_episode_with_a_mask(monkeypatc
         assert finished == [[False, False], [True, False], [False, True]]
     finally:
         envs.close()
+
+
+def test_the_members_of_a_group_share_each_reset_state(monkeypatch_module):
+    """GRPO's groups, through the actor's own vector env: 1-step episodes, so every step
+    starts new ones; the two members of the group draw the same id every time."""
+    from fleetrl.envs.vector import make_vector_env
+
+    envs = make_vector_env(lambda: LiberoEnv("libero_10", task_ids=(0, 1), image_size=32, num_wait_steps=0,
+                                             max_episode_steps=1),
+                           num_envs=2, group_size=2, seed=5)
+    try:
+        _, info = envs.reset(seed=[0, 1])
+        ids = [info["reset_state_id"].tolist()]
+        for step in range(4):
+            _, _, _, truncated, info = envs.step(np.zeros((2, 7), np.float32))
+            if step % 2:  # next-step autoreset: every second step is a reset
+                ids.append(info["reset_state_id"].tolist())
+            else:
+                assert truncated.all()
+        assert all(a == b for a, b in ids), ids
+        assert len({a for a, _ in ids}) > 1, ids  # and a new one each episode
+    finally:
+        envs.close()

@@ -5,6 +5,6 @@ writing LIBERO's config (see `config.prepare_libero`).
 """
 
 from fleetrl.envs.libero.env import SUITES, LiberoEnv
-from fleetrl.envs.libero.reset_states import ResetSchedule, ResetStates
+from fleetrl.envs.libero.reset_states import ResetStates
 
-__all__ = ["SUITES", "LiberoEnv", "ResetSchedule", "ResetStates"]
+__all__ = ["SUITES", "LiberoEnv", "ResetStates"]
