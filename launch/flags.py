@@ -8,6 +8,8 @@ the config it was given.
 from __future__ import annotations
 
 import dataclasses
+import os
+import time
 import typing
 from typing import Any, Mapping, Sequence
 
@@ -165,6 +167,12 @@ def launch_flags_with_problem_defaults(names: Sequence[str]) -> dict[str, Any]:
         defaults = {}
     return {name: defaults[name] if name in defaults and not flags.FLAGS[name].present else flags.FLAGS[name].value
             for name in names}
+
+
+def timestamped_logdir(problem: str) -> str:
+    """runs/<problem>-<time>, the launchers' default logdir."""
+    name = "".join(c if c.isalnum() or c in "-_" else "_" for c in problem.rsplit(":", 1)[-1]).lower()
+    return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
 
 
 def learner_config_from_flags(**overrides: Any) -> LearnerConfig:

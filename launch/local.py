@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import shutil
 import signal
@@ -23,8 +22,9 @@ from absl import app, flags
 
 from fleetrl.actor.config import ActorConfig
 from fleetrl.launch.flags import (define_flags, define_problem_flags, launch_flags_with_problem_defaults,
-                                  learner_config_from_flags, to_argv)
+                                  learner_config_from_flags, timestamped_logdir, to_argv)
 from fleetrl.launch.processes import ChildProcesses
+from fleetrl.launch.progress import Progress, print_summary
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
@@ -139,62 +139,23 @@ def _report(logdir: str, code: int, learner, tensorboard_port: int) -> int:
               file=sys.stderr)
         return code or 1
     with open(summary_path) as f:
-        s = json.load(f)
-    print(f"done: {s['reason']}\n"
-          f"  env steps {s['env_steps']:,} | episodes {s['episodes']:,} | mean return (recent) "
-          f"{s['mean_episode_return']:.1f} | trainer steps {s['trainer_steps']:,} | {s['wall_s']:.0f}s")
-    if s.get("target_reached") is False:
-        print("  the target mean return was not reached")
+        print_summary(json.load(f))
     print(f"TensorBoard: tensorboard --logdir {logdir}" +
           (f"  (running on http://localhost:{tensorboard_port})" if tensorboard_port else ""))
     return code
-
-
-class Progress:
-    """One status line, redrawn in place on a terminal, printed every 10 s otherwise."""
-
-    def __init__(self, interactive: bool):
-        self.interactive = interactive
-        self._last_print = 0.0
-        self._drawn = False
-
-    def show(self, status: pb.Status) -> None:
-        ret = "-" if math.isnan(status.mean_episode_return) else f"{status.mean_episode_return:.1f}"
-        lag = "-" if math.isnan(status.policy_lag) else f"{status.policy_lag:.1f}"
-        line = (f"[{status.uptime_s:5.0f}s] env steps {status.env_steps:>10,} | {status.env_steps_per_s:7,.0f}/s | "
-                f"return {ret:>6} ({status.episodes:,} eps) | lag {lag} | trainer {status.trainer_steps:,} | "
-                f"actors {status.connected_actors}")
-        if status.eval_rounds:
-            line += f" | eval return {status.eval_mean_return:.1f} @ v{status.eval_policy_version:,}"
-        if self.interactive:
-            sys.stdout.write("\r\033[K" + line)
-            sys.stdout.flush()
-            self._drawn = True
-        elif time.monotonic() - self._last_print >= 10:
-            print(line, flush=True)
-            self._last_print = time.monotonic()
-
-    def end(self) -> None:
-        if self._drawn:
-            sys.stdout.write("\n")
-            self._drawn = False
 
 
 def main(argv: list[str]) -> int:
     del argv
     learner = learner_config_from_flags(bind="127.0.0.1:0")
     if FLAGS["logdir"].using_default_value:
-        learner = dataclasses.replace(learner, logdir=os.path.join("runs", f"{_safe(learner.problem)}-{time.strftime('%Y%m%d-%H%M%S')}"))
+        learner = dataclasses.replace(learner, logdir=timestamped_logdir(learner.problem))
     given = launch_flags_with_problem_defaults(("num_actors", "envs_per_actor", "eval_envs_per_actor"))
     return launch(LocalConfig(
         learner=learner, num_actors=given["num_actors"], envs_per_actor=given["envs_per_actor"],
         async_envs=FLAGS.async_envs, max_reconnect_s=FLAGS.max_reconnect_s,
         num_eval_actors=FLAGS.num_eval_actors, eval_envs_per_actor=given["eval_envs_per_actor"],
         tensorboard_port=FLAGS.tensorboard_port, progress_interval_s=FLAGS.progress_interval_s))
-
-
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name.rsplit(":", 1)[-1]).lower()
 
 
 def run() -> None:

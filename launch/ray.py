@@ -1,0 +1,243 @@
+"""A learner and fleets of actors on a Ray cluster:
+
+    python -m fleetrl.launch.ray --address=auto --problem=cartpole --num_actors=16 --envs_per_actor=32
+
+It connects to a running Ray cluster (`ray start --head`, KubeRay, ...), starts the learner
+as a Ray actor where `--learner_resources` fit, then `--num_actors` actors (and
+`--num_eval_actors` eval actors) spread over the nodes, each with its own resource
+request (see `launch.ray_hosts`). Ray restarts a crashed actor up to `--max_restarts`
+times, and the new process reconnects to the learner by itself. The training data flows
+over fleetrl's gRPC stream, with its auth and TLS options; Ray only places, starts and
+restarts processes. An actor that fails (the learner refused it, or stayed unreachable for
+--max_reconnect_s) is restarted the same way.
+
+It shows the live progress line and reports restarts. When the run ends, on Ctrl-C or
+SIGTERM, it stops the learner (which writes its final checkpoint), then removes every
+Ray actor it started. The learner's logdir is on the learner's node (use shared storage
+to read it elsewhere). Exit code: 0; 1 when a target return was set and not reached, when the
+learner failed, or when every actor ran out of restarts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import signal
+import sys
+import time
+from typing import Any
+
+import ray
+from absl import app, flags
+
+from fleetrl.actor.config import ActorConfig
+from fleetrl.launch.flags import (define_flags, define_problem_flags, launch_flags_with_problem_defaults,
+                                  learner_config_from_flags, timestamped_logdir)
+from fleetrl.launch.progress import Progress, print_summary
+from fleetrl.launch.ray_hosts import FleetrlActor, FleetrlLearner
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.proto import learner_pb2 as pb
+
+define_flags(LearnerConfig, skip=("bind",))
+flags.DEFINE_string("address", "auto", "The Ray cluster: auto (the one this machine belongs to), or host:port of its head.")
+flags.DEFINE_integer("learner_port", 0, "Port the learner serves on, on its node (0: any free one).")
+flags.DEFINE_string("learner_resources", '{"CPU": 1}', "Ray resources of the learner, JSON: CPU, GPU and custom ones.")
+flags.DEFINE_integer("num_actors", 2, "Actors to start.")
+flags.DEFINE_integer("envs_per_actor", 32, "Envs each actor steps.")
+flags.DEFINE_string("actor_resources", '{"CPU": 1}', "Ray resources of each actor, JSON.")
+flags.DEFINE_integer("num_eval_actors", 0, "Eval actors: they play the Problem's eval set each eval round.")
+flags.DEFINE_integer("eval_envs_per_actor", 8, "Envs each eval actor plays at once.")
+flags.DEFINE_string("eval_actor_resources", '{"CPU": 1}', "Ray resources of each eval actor, JSON.")
+flags.DEFINE_integer("max_restarts", 10, "Times Ray restarts a crashed actor (-1: without limit).")
+flags.DEFINE_boolean("async_envs", False, "Actors step their envs in subprocesses.")
+flags.DEFINE_float("max_reconnect_s", 60.0, "Actors give up after this long without the learner.")
+flags.DEFINE_string("tls_ca", "", "Actors: CA (PEM) that signed the learner's certificate; turns TLS on.")
+flags.DEFINE_string("actor_tls_cert", "", "Actors' client certificate (PEM), for mutual TLS.")
+flags.DEFINE_string("actor_tls_key", "", "Private key (PEM) of --actor_tls_cert.")
+flags.DEFINE_string("tls_server_name", "", "The host name in the learner's certificate, when it differs from its IP.")
+flags.DEFINE_float("start_timeout_s", 600.0, "Give up when the learner is not serving after this long (placement included).")
+flags.DEFINE_float("progress_interval_s", 1.0, "Seconds between progress updates.")
+flags.DEFINE_boolean("log_to_driver", False, "Also print the learner's and actors' logs here (Ray's log_to_driver).")
+FLAGS = flags.FLAGS
+
+ACTORS_GONE = "every actor is out of restarts"
+
+
+@dataclasses.dataclass
+class RayLaunchConfig:
+    address: str
+    learner: LearnerConfig
+    learner_resources: dict[str, float]
+    actors: list[tuple[str, ActorConfig]]  # (name, config), eval actors included
+    actor_resources: dict[str, float]
+    eval_actor_resources: dict[str, float]
+    max_restarts: int
+    start_timeout_s: float
+    progress_interval_s: float
+    log_to_driver: bool
+
+
+def ray_options(resources: dict[str, float]) -> dict[str, Any]:
+    """Ray's actor options for a resource request such as {"CPU": 1, "GPU": 1, "my_node": 1}."""
+    custom = {k: float(v) for k, v in resources.items() if k not in ("CPU", "GPU")}
+    return {"num_cpus": float(resources.get("CPU", 0)), "num_gpus": float(resources.get("GPU", 0)),
+            "resources": custom}
+
+
+def launch(config: RayLaunchConfig) -> int:
+    ray.init(address=config.address, log_to_driver=config.log_to_driver)
+    stop_requested: list[str] = []
+    signal.signal(signal.SIGINT, lambda *_: stop_requested.append("Ctrl-C"))
+    signal.signal(signal.SIGTERM, lambda *_: stop_requested.append("SIGTERM"))
+    handles: list = []
+    try:
+        # The learner is not restarted: a new one would serve elsewhere, from its last checkpoint.
+        learner = ray.remote(FleetrlLearner).options(
+            name=None, max_restarts=0, max_concurrency=4, **ray_options(config.learner_resources)
+        ).remote(dataclasses.asdict(config.learner))
+        handles.append(learner)
+        info = _learner_info(learner, config.start_timeout_s, stop_requested)
+        if info is None:
+            return 1
+        print(f"fleetrl: {config.learner.problem} learner on node {info['node_id'][:8]} ({info['ip']}), "
+              f"serving {info['address']}, logdir {info['logdir']} on that node")
+        actors = {}
+        for name, actor_config in config.actors:
+            resources = config.eval_actor_resources if actor_config.mode == "eval" else config.actor_resources
+            handle = ray.remote(FleetrlActor).options(
+                max_restarts=config.max_restarts, max_concurrency=2, scheduling_strategy="SPREAD",
+                **ray_options(resources)
+            ).remote(dataclasses.asdict(dataclasses.replace(actor_config, learner_address=info["address"])))
+            actors[name] = handle
+            handles.append(handle)
+        summary = _serve(learner, actors, config.progress_interval_s, stop_requested)
+    finally:
+        for handle in handles:  # nothing stays on the cluster: not even an actor Ray would restart
+            ray.kill(handle, no_restart=True)
+        ray.shutdown()
+    if summary is None or "error" in summary:
+        print(f"the learner failed:\n{(summary or {}).get('error', 'no summary')}", file=sys.stderr)
+        return 1
+    print_summary(summary)
+    if stop_requested and stop_requested[0] == ACTORS_GONE:
+        return 1
+    return 1 if summary.get("target_reached") is False and not stop_requested else 0
+
+
+def _learner_info(learner, timeout_s: float, stop_requested: list[str]) -> dict[str, Any] | None:
+    """Waits for the learner to be placed and serving; None if it failed or the wait was cut short."""
+    ref, deadline = learner.info.remote(), time.monotonic() + timeout_s
+    while not stop_requested and time.monotonic() < deadline:
+        ready, _ = ray.wait([ref], timeout=1.0)
+        if ready:
+            try:
+                return ray.get(ref)
+            except ray.exceptions.RayError as e:
+                print(f"the learner could not start: {e}", file=sys.stderr)
+                return None
+    print("the learner was not serving in time (are its --learner_resources available on the cluster?)"
+          if not stop_requested else f"{stop_requested[0]}: stopping", file=sys.stderr)
+    return None
+
+
+def _serve(learner, actors: dict[str, Any], interval_s: float, stop_requested: list[str]) -> dict[str, Any] | None:
+    """Shows progress and reports actor placements and restarts until the learner's run ends."""
+    progress, watch = Progress(sys.stdout.isatty()), _Watch()
+    while True:
+        if stop_requested:
+            progress.end()
+            print(f"{stop_requested[0]}: stopping")
+            reason = stop_requested[0]
+            learner.stop.remote(reason if reason == ACTORS_GONE else f"stopped by {reason}")
+            return ray.get(learner.wait.remote(60.0))
+        summary = ray.get(learner.wait.remote(0.0))
+        if summary is not None:
+            progress.end()
+            return summary
+        progress.show(pb.Status.FromString(ray.get(learner.status.remote())))
+        _watch(actors, watch, progress)
+        train = [name for name in actors if not name.startswith("eval")]
+        if train and all(name in watch.gone for name in train):
+            stop_requested.append(ACTORS_GONE)
+        time.sleep(interval_s)
+
+
+@dataclasses.dataclass
+class _Watch:
+    """What the launcher knows of each actor: its current process, and which ones it reported."""
+
+    placed: dict[str, int] = dataclasses.field(default_factory=dict)  # name -> pid
+    rejoining: set[str] = dataclasses.field(default_factory=set)
+    gone: set[str] = dataclasses.field(default_factory=set)  # out of restarts
+
+
+def _watch(actors: dict[str, Any], watch: _Watch, progress: Progress) -> None:
+    placed, rejoining = watch.placed, watch.rejoining
+    refs = {name: handle.info.remote() for name, handle in actors.items()}
+    ready, _ = ray.wait(list(refs.values()), num_returns=len(refs), timeout=2.0)
+    for name, ref in refs.items():
+        if ref not in ready:
+            continue
+        try:
+            info = ray.get(ref)
+        except ray.exceptions.ActorDiedError as e:
+            if name not in watch.gone:
+                progress.end()
+                print(f"{name} is gone for good (out of restarts): {e}", flush=True)
+                watch.gone.add(name)
+            continue
+        except ray.exceptions.RayError:  # restarting
+            continue
+        previous = placed.get(name)
+        if previous != info["pid"]:
+            progress.end()
+            what = "started" if previous is None else f"restarted (pid {previous} died)"
+            print(f"{name} {what}: pid {info['pid']} on node {info['node_id'][:8]} ({info['ip']})", flush=True)
+            placed[name] = info["pid"]
+            if previous is not None:
+                rejoining.add(name)
+        if name in rejoining and info["steps"] > 0:  # the learner has answered the new process
+            progress.end()
+            print(f"{name} rejoined the learner: pid {info['pid']}, {info['steps']} steps so far", flush=True)
+            rejoining.discard(name)
+        if info["state"] == "failed":  # a refusal, or the learner unreachable for max_reconnect_s
+            progress.end()
+            print(f"{name} failed: {info['error']}", flush=True)
+            ray.kill(actors[name], no_restart=False)  # Ray starts a new process, while restarts last
+
+
+def main(argv: list[str]) -> int:
+    del argv
+    learner = learner_config_from_flags(bind=f"0.0.0.0:{FLAGS.learner_port}")
+    if FLAGS["logdir"].using_default_value:
+        learner = dataclasses.replace(learner, logdir=timestamped_logdir(learner.problem))
+    given = launch_flags_with_problem_defaults(("num_actors", "envs_per_actor", "eval_envs_per_actor"))
+    security = dict(auth_token_file=learner.auth_token_file, tls_ca=FLAGS.tls_ca, tls_cert=FLAGS.actor_tls_cert,
+                    tls_key=FLAGS.actor_tls_key, tls_server_name=FLAGS.tls_server_name)
+    actors = [(f"actor-{i}", ActorConfig(problem=learner.problem, num_envs=given["envs_per_actor"],
+                                         seed=learner.seed * 1000 + i, async_envs=FLAGS.async_envs,
+                                         max_reconnect_s=FLAGS.max_reconnect_s, **security))
+              for i in range(given["num_actors"])]
+    actors += [(f"eval-actor-{i}", ActorConfig(problem=learner.problem, num_envs=given["eval_envs_per_actor"],
+                                               mode="eval", max_reconnect_s=FLAGS.max_reconnect_s, **security))
+               for i in range(FLAGS.num_eval_actors)]
+    try:
+        resources = {name: json.loads(FLAGS[name].value)
+                     for name in ("learner_resources", "actor_resources", "eval_actor_resources")}
+    except json.JSONDecodeError as e:
+        print(f"resource flags take JSON objects such as '{{\"CPU\": 1, \"GPU\": 1}}': {e}", file=sys.stderr)
+        return 2
+    return launch(RayLaunchConfig(
+        address=FLAGS.address, learner=learner, learner_resources=resources["learner_resources"], actors=actors,
+        actor_resources=resources["actor_resources"], eval_actor_resources=resources["eval_actor_resources"],
+        max_restarts=FLAGS.max_restarts, start_timeout_s=FLAGS.start_timeout_s,
+        progress_interval_s=FLAGS.progress_interval_s, log_to_driver=FLAGS.log_to_driver))
+
+
+def run() -> None:
+    define_problem_flags(sys.argv)
+    app.run(lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == "__main__":
+    run()

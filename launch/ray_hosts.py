@@ -1,0 +1,94 @@
+"""The processes `launch.ray` places on a Ray cluster: one learner and the actors.
+
+Each is a Ray actor whose process *is* a fleetrl learner or actor, running the same code
+as `launch.learner` and `launch.actor`. Ray only places, starts and restarts them; the
+training data flows over fleetrl's own gRPC stream. Configs arrive as plain dicts of
+strings and numbers (Ray sends those without pickle) and become the usual dataclasses.
+
+An actor starts acting in its constructor, so when Ray restarts a crashed one (its
+`max_restarts`), the new process simply connects to the learner again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import threading
+import traceback
+from typing import Any
+
+import ray
+
+from fleetrl.actor.actor import Actor, ActorError
+from fleetrl.actor.config import ActorConfig
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.learner import Learner
+
+
+def _node() -> dict[str, Any]:
+    context = ray.get_runtime_context()
+    return {"pid": os.getpid(), "node_id": context.get_node_id(), "ip": ray.util.get_node_ip_address()}
+
+
+class FleetrlLearner:
+    """The learner, serving on all interfaces of its node; `address()` is where actors reach it."""
+
+    def __init__(self, config: dict[str, Any]):
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.learner = Learner(LearnerConfig(**config))
+        self._summary: dict[str, Any] | None = None
+        self._error: str | None = None
+        self._thread = threading.Thread(target=self._run, name="learner", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._summary = dataclasses.asdict(self.learner.run())
+        except BaseException:  # reported to the launcher, which ends the run
+            self._error = traceback.format_exc()
+
+    def info(self) -> dict[str, Any]:
+        port = self.learner.address.rsplit(":", 1)[1]
+        return {**_node(), "address": f"{ray.util.get_node_ip_address()}:{port}", "logdir": self.learner.config.logdir}
+
+    def status(self) -> bytes:
+        """The GetStatus reply, as protobuf bytes."""
+        return self.learner.status().SerializeToString()
+
+    def wait(self, timeout_s: float) -> dict[str, Any] | None:
+        """The run's summary once it has ended ({"error": ...} if it failed), else None."""
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            return None
+        return self._summary if self._error is None else {"error": self._error}
+
+    def stop(self, reason: str) -> None:
+        self.learner.finish(reason)
+
+
+class FleetrlActor:
+    """One fleetrl actor (train or eval), acting from the moment it is built."""
+
+    def __init__(self, config: dict[str, Any]):
+        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        self.config = ActorConfig(**config)
+        self._state, self._error = "running", ""
+        self._actor: Actor | None = None
+        self._thread = threading.Thread(target=self._run, name="actor", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._actor = Actor(self.config)
+            self._actor.run()
+            self._state = "finished"
+        except ActorError as e:
+            self._state, self._error = "failed", str(e)
+        except BaseException:
+            self._state, self._error = "failed", traceback.format_exc()
+
+    def info(self) -> dict[str, Any]:
+        steps = self._actor.steps_sent if self._actor is not None else 0
+        return {**_node(), "state": self._state, "error": self._error, "steps": steps,
+                "actor_id": self._actor.actor_id if self._actor is not None else ""}

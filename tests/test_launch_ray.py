@@ -1,0 +1,134 @@
+"""launch.ray on a real Ray cluster: a head and a second worker node, both on this machine.
+
+The head node alone carries the `fleetrl_learner_node` resource, and each node has room
+for one 1-CPU actor next to it, so the learner lands on the head and the two actors on
+different nodes. The cluster is started with the `ray` CLI as a user would, and stopped
+with `ray stop --force` (which stops every Ray process of this user on the machine).
+"""
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+
+import pytest
+
+ray = pytest.importorskip("ray", reason="the ray extra is part of make test's install")
+
+RAY = os.path.join(os.path.dirname(sys.executable), "ray")
+ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    temp_dir = f"/tmp/ray-{uuid.uuid4().hex[:8]}"  # short: Ray's socket paths must stay under 108 bytes
+    port = _free_port()
+    common = ["--include-dashboard=false", "--disable-usage-stats", "--object-store-memory=100000000"]
+    subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}",
+                    '--resources={"fleetrl_learner_node": 1}', *common], check=True, env=ENV, capture_output=True)
+    try:
+        subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", "--num-cpus=1", *common[1:]],
+                       check=True, env=ENV, capture_output=True)
+        yield f"127.0.0.1:{port}"
+    finally:
+        subprocess.run([RAY, "stop", "--force"], env=ENV, capture_output=True)
+
+
+def fleetrl_ray_processes() -> list[str]:
+    """Ray names an actor's process after its class: ray::FleetrlLearner, ray::FleetrlActor."""
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if "ray::Fleetrl" in cmdline:
+            found.append(f"{pid}: {cmdline}")
+    return found
+
+
+def start_launcher(cluster, logdir, *flags):
+    return subprocess.Popen(
+        [sys.executable, "-m", "fleetrl.launch.ray", f"--address={cluster}", "--problem=cartpole",
+         f"--logdir={logdir}", "--num_actors=2", "--envs_per_actor=8", "--progress_interval_s=0.5",
+         '--learner_resources={"CPU": 1, "fleetrl_learner_node": 1}', '--actor_resources={"CPU": 1}', *flags],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
+
+
+def read_until(process, pattern: str, lines: list[str], timeout_s: float = 120) -> re.Match:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = process.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        if match := re.search(pattern, line):
+            return match
+    raise AssertionError(f"no line matching {pattern!r}:\n{''.join(lines)}")
+
+
+def test_a_run_trains_with_actors_on_both_nodes_and_leaves_nothing_behind(cluster, tmp_path):
+    """With a token: the learner refuses calls without it, so training shows it reached every actor."""
+    token = tmp_path / "token"
+    token.write_text(uuid.uuid4().hex)
+    process = start_launcher(cluster, tmp_path / "run", "--total_env_steps=20000", f"--auth_token_file={token}")
+    output, _ = process.communicate(timeout=300)
+    assert process.returncode == 0, output
+    nodes = dict(re.findall(r"(actor-\d) started: pid \d+ on node (\w+)", output))
+    learner_node = re.search(r"learner on node (\w+)", output).group(1)
+    assert set(nodes) == {"actor-0", "actor-1"} and len(set(nodes.values())) == 2, output
+    assert learner_node in nodes.values()
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["reason"].startswith("total_env_steps reached") and summary["trainer_steps"] > 0, summary
+    assert fleetrl_ray_processes() == []
+
+
+def test_ray_restarts_a_killed_actor_which_rejoins_and_ctrl_c_stops_everything(cluster, tmp_path):
+    process = start_launcher(cluster, tmp_path / "run", "--max_restarts=2")
+    lines: list[str] = []
+    try:
+        pid = int(read_until(process, r"actor-1 started: pid (\d+)", lines).group(1))
+        read_until(process, r"trainer [1-9]", lines)  # training is under way
+        os.kill(pid, signal.SIGKILL)
+        new_pid = int(read_until(process, r"actor-1 restarted \(pid \d+ died\): pid (\d+)", lines).group(1))
+        assert new_pid != pid
+        read_until(process, rf"actor-1 rejoined the learner: pid {new_pid}, \d+ steps", lines)
+        process.send_signal(signal.SIGINT)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    output = "".join(lines) + output
+    assert process.returncode == 0, output
+    assert "done: stopped by Ctrl-C" in output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["trainer_steps"] > 0
+    assert fleetrl_ray_processes() == []
+
+
+def test_the_run_ends_when_its_actors_run_out_of_restarts(cluster, tmp_path):
+    process = start_launcher(cluster, tmp_path / "run", "--max_restarts=0", "--num_actors=1")
+    lines: list[str] = []
+    try:
+        pid = int(read_until(process, r"actor-0 started: pid (\d+)", lines).group(1))
+        os.kill(pid, signal.SIGKILL)
+        output, _ = process.communicate(timeout=120)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    output = "".join(lines) + output
+    assert process.returncode == 1, output
+    assert "actor-0 is gone for good" in output and "done: every actor is out of restarts" in output
+    assert fleetrl_ray_processes() == []
