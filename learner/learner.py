@@ -100,6 +100,9 @@ class Learner:
         self._last_eval_step = -1
         if config.best_mode not in ("max", "min"):
             raise ValueError(f"best_mode must be max or min, got {config.best_mode!r}")
+        if config.batch_size % self.trainer.minibatches:  # found now, not at the first update
+            raise ValueError(f"batch_size {config.batch_size} does not split into the Problem's "
+                             f"{self.trainer.minibatches} minibatches; change --batch_size or minibatches")
         self._best: float | None = None
         self.episodes = EpisodeWindow(config.return_window)
         self.scalars = ScalarMeans()

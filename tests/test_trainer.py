@@ -3,6 +3,7 @@
 import threading
 
 import numpy as np
+import pytest
 import torch
 
 from fleetrl.learner.inference import InferenceStep, PolicyVersion, StepRequest
@@ -79,3 +80,13 @@ def test_blocking_inference_holds_the_policy_lock_for_the_whole_update():
     assert versions_seen_by_inference == []
     assert policy.lock.acquire(timeout=1)
     policy.lock.release()
+
+
+def test_a_batch_size_that_minibatches_do_not_divide_is_refused_at_start(tmp_path):
+    from fleetrl.learner.config import LearnerConfig
+    from fleetrl.learner.learner import Learner
+
+    config = LearnerConfig(problem="cartpole", hparams={"algorithm": "ppo", "minibatches": "4"}, batch_size=6,
+                           logdir=str(tmp_path), bind="127.0.0.1:0")
+    with pytest.raises(ValueError, match="batch_size 6 does not split into the Problem's 4 minibatches"):
+        Learner(config)
