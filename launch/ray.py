@@ -93,7 +93,7 @@ def launch(config: RayLaunchConfig) -> int:
     try:
         # The learner is not restarted: a new one would serve elsewhere, from its last checkpoint.
         learner = ray.remote(FleetrlLearner).options(
-            name=None, max_restarts=0, max_concurrency=4, **ray_options(config.learner_resources)
+            max_restarts=0, max_concurrency=4, **ray_options(config.learner_resources)
         ).remote(dataclasses.asdict(config.learner))
         handles.append(learner)
         info = _learner_info(learner, config.start_timeout_s, stop_requested)
@@ -142,6 +142,14 @@ def _learner_info(learner, timeout_s: float, stop_requested: list[str]) -> dict[
 
 def _serve(learner, actors: dict[str, Any], interval_s: float, stop_requested: list[str]) -> dict[str, Any] | None:
     """Shows progress and reports actor placements and restarts until the learner's run ends."""
+    try:
+        return _serve_until_done(learner, actors, interval_s, stop_requested)
+    except ray.exceptions.RayActorError as e:  # the learner's process died (out of memory, killed)
+        return {"error": f"the learner's process died: {e}"}
+
+
+def _serve_until_done(learner, actors: dict[str, Any], interval_s: float,
+                      stop_requested: list[str]) -> dict[str, Any] | None:
     progress, watch = Progress(sys.stdout.isatty()), _Watch()
     while True:
         if stop_requested:

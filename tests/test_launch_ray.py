@@ -138,3 +138,12 @@ def test_the_run_ends_when_its_actors_run_out_of_restarts(cluster, tmp_path):
     assert process.returncode == 1, output
     assert "actor-0 is gone for good" in output and "done: every actor is out of restarts" in output
     assert fleetrl_ray_processes() == []
+
+
+def test_a_learner_that_cannot_start_ends_the_launch_with_its_error(cluster, tmp_path):
+    process = subprocess.run(
+        [sys.executable, "-m", "fleetrl.launch.ray", f"--address={cluster}", "--problem=no_such_problem",
+         f"--logdir={tmp_path}"], capture_output=True, text=True, env=ENV, timeout=120)
+    assert process.returncode == 1
+    assert "the learner could not start" in process.stderr and "unknown problem 'no_such_problem'" in process.stderr
+    assert fleetrl_ray_processes() == []
