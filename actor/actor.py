@@ -115,84 +115,74 @@ class Actor:
         step = _step_message(obs, np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), run_ids, [],
                              _chunk_results({}, n, chunk_size))
 
-        def session(requests: queue.SimpleQueue) -> bool:
-            """One stream; returns True when the learner ended the run."""
+        def play(requests: queue.SimpleQueue, responses) -> bool:
             nonlocal step
-            responses = self._stub.Stream(_drain(requests))
-            try:
-                reply = next(responses)
-                if reply.WhichOneof("kind") == "finished":
+            log.info("connected to %s as %s", self.config.learner_address, self.actor_id)
+            while max_steps is None or self.steps_sent < max_steps:
+                requests.put(pb.ActorMessage(step=step))
+                reply = next(responses, None)
+                if reply is None or reply.WhichOneof("kind") == "finished":
+                    reason = reply.finished.reason if reply is not None else "stream closed"
+                    log.info("the learner ended the run: %s", reason)
                     return True
-                log.info("connected to %s as %s", self.config.learner_address, self.actor_id)
-                while max_steps is None or self.steps_sent < max_steps:
-                    requests.put(pb.ActorMessage(step=step))
-                    reply = next(responses, None)
-                    if reply is None or reply.WhichOneof("kind") == "finished":
-                        reason = reply.finished.reason if reply is not None else "stream closed"
-                        log.info("the learner ended the run: %s", reason)
-                        return True
-                    self.steps_sent += 1
-                    actions = decode_all(reply.actions.actions, action_specs, n, "action")
-                    env_actions = actions[action_specs[0].name] if len(action_specs) == 1 else actions
-                    obs, reward, terminated, truncated, info = envs.step(env_actions)
-                    episodes = tracker.update(reward, terminated, truncated, info)
-                    step = _step_message(obs, reward, terminated, truncated, run_ids, episodes,
-                                         _chunk_results(info, n, chunk_size))
-                return True
-            finally:
-                requests.put(None)
-                responses.cancel()
+                self.steps_sent += 1
+                actions = decode_all(reply.actions.actions, action_specs, n, "action")
+                env_actions = actions[action_specs[0].name] if len(action_specs) == 1 else actions
+                obs, reward, terminated, truncated, info = envs.step(env_actions)
+                episodes = tracker.update(reward, terminated, truncated, info)
+                step = _step_message(obs, reward, terminated, truncated, run_ids, episodes,
+                                     _chunk_results(info, n, chunk_size))
+            return True
 
-        def attempt() -> bool:
-            requests: queue.SimpleQueue = queue.SimpleQueue()
-            requests.put(pb.ActorMessage(handshake=handshake))
-            return session(requests)
-
-        self._with_retries(attempt)
+        self._with_retries(lambda: self._stream(handshake, play))
 
     def _evaluate(self, problem_name: str, problem: Problem, episodes: EvalEpisodes, max_steps: int | None) -> None:
         n, action_specs = self.config.num_envs, problem.action_specs()
         run_ids = np.array([secrets.randbits(63) | 1 for _ in range(n)], np.uint64)
         handshake = self._handshake(problem_name, problem, pb.EVAL)
 
-        def session(requests: queue.SimpleQueue) -> bool:
-            episodes.abandon()  # after a reconnect the learner has handed our episodes to others
-            responses = self._stub.Stream(_drain(requests))
-            try:
-                if next(responses).WhichOneof("kind") == "finished":
+        def play(requests: queue.SimpleQueue, responses) -> bool:
+            log.info("connected to %s as eval actor %s", self.config.learner_address, self.actor_id)
+            while max_steps is None or self.steps_sent < max_steps:
+                work = self._stub.GetEvalWork(pb.EvalWorkRequest(actor_id=self.actor_id, max_episodes=n), timeout=30)
+                if work.finished:
                     return True
-                log.info("connected to %s as eval actor %s", self.config.learner_address, self.actor_id)
-                while max_steps is None or self.steps_sent < max_steps:
-                    work = self._stub.GetEvalWork(pb.EvalWorkRequest(actor_id=self.actor_id, max_episodes=n),
-                                                  timeout=30)
-                    if work.finished:
+                if not work.episodes:
+                    time.sleep(work.retry_after_s)
+                    continue
+                log.info("eval round %d at policy version %d: episodes %s", work.round, work.policy_version,
+                         list(work.episodes))
+                episodes.start(work.episodes)
+                while episodes.playing:
+                    pending = episodes.pending()
+                    requests.put(pb.ActorMessage(step=_eval_step_message(pending, run_ids)))
+                    reply = next(responses, None)
+                    if reply is None or reply.WhichOneof("kind") == "finished":
                         return True
-                    if not work.episodes:
-                        time.sleep(work.retry_after_s)
-                        continue
-                    log.info("eval round %d at policy version %d: episodes %s", work.round, work.policy_version,
-                             list(work.episodes))
-                    episodes.start(work.episodes)
-                    while episodes.playing:
-                        pending = episodes.pending()
-                        requests.put(pb.ActorMessage(step=_eval_step_message(pending, run_ids)))
-                        reply = next(responses, None)
-                        if reply is None or reply.WhichOneof("kind") == "finished":
-                            return True
-                        self.steps_sent += 1
-                        episodes.advance(pending, decode_all(reply.actions.actions, action_specs,
-                                                             len(pending.env_indices), "action"))
-                return True
-            finally:
-                requests.put(None)
-                responses.cancel()
+                    self.steps_sent += 1
+                    episodes.advance(pending, decode_all(reply.actions.actions, action_specs,
+                                                         len(pending.env_indices), "action"))
+            return True
 
         def attempt() -> bool:
-            requests: queue.SimpleQueue = queue.SimpleQueue()
-            requests.put(pb.ActorMessage(handshake=handshake))
-            return session(requests)
+            episodes.abandon()  # after a reconnect the learner has handed our episodes to others
+            return self._stream(handshake, play)
 
         self._with_retries(attempt)
+
+    def _stream(self, handshake: pb.Handshake, play) -> bool:
+        """One stream: sends the handshake, then `play(requests, responses)` until it returns.
+        True when the learner ended the run; a broken stream raises grpc.RpcError."""
+        requests: queue.SimpleQueue = queue.SimpleQueue()
+        requests.put(pb.ActorMessage(handshake=handshake))
+        responses = self._stub.Stream(_drain(requests))
+        try:
+            if next(responses).WhichOneof("kind") == "finished":
+                return True
+            return play(requests, responses)
+        finally:
+            requests.put(None)
+            responses.cancel()
 
     def _with_retries(self, call):
         """Runs `call`, retrying while the learner is unreachable, for up to max_reconnect_s."""
