@@ -1,5 +1,8 @@
 """Real LIBERO (`make test` installs it with `make libero`): resets by reset_state_id, images, rewards."""
 
+import functools
+import os
+
 import numpy as np
 import pytest
 
@@ -103,14 +106,16 @@ def test_same_step_autoreset_returns_the_finished_episode_with_a_mask(monkeypatc
 
 
 def test_the_members_of_a_group_share_each_reset_state(monkeypatch_module):
-    """GRPO's groups, through the actor's own vector env: 1-step episodes, so every step
-    starts new ones; the two members of the group draw the same id every time."""
+    """GRPO's groups, through the actor's own vector env with each env in a subprocess (as an
+    actor runs LIBERO): 1-step episodes, so every second step starts new ones, and the two
+    members of the group draw the same id every time."""
     from fleetrl.envs.vector import make_vector_env
 
-    envs = make_vector_env(lambda: LiberoEnv("libero_10", task_ids=(0, 1), image_size=32, num_wait_steps=0,
-                                             max_episode_steps=1),
-                           num_envs=2, group_size=2, seed=5)
+    make_env = functools.partial(LiberoEnv, "libero_10", task_ids=(0, 1), image_size=32, num_wait_steps=0,
+                                 max_episode_steps=1)
+    envs = make_vector_env(make_env, num_envs=2, asynchronous=True, group_size=2, seed=5)
     try:
+        assert len({p.pid for p in envs.processes} | {os.getpid()}) == 3
         _, info = envs.reset(seed=[0, 1])
         ids = [info["reset_state_id"].tolist()]
         for step in range(4):
