@@ -15,7 +15,8 @@ It shows the live progress line and reports restarts. When the run ends, on Ctrl
 SIGTERM, it stops the learner (which writes its final checkpoint), then removes every
 Ray actor it started. The learner's logdir is on the learner's node (use shared storage
 to read it elsewhere). Exit code: 0; 1 when a target return was set and not reached, when the
-learner failed, or when every actor ran out of restarts.
+learner failed, or when every actor ran out of restarts; 2 when no Ray cluster answers at
+--address or a resource flag is not a JSON object.
 """
 
 from __future__ import annotations
@@ -85,7 +86,12 @@ def ray_options(resources: dict[str, float]) -> dict[str, Any]:
 
 
 def launch(config: RayLaunchConfig) -> int:
-    ray.init(address=config.address, log_to_driver=config.log_to_driver)
+    try:
+        ray.init(address=config.address, log_to_driver=config.log_to_driver)
+    except ConnectionError as e:
+        print(f"no Ray cluster at --address={config.address}: {e} Start one with `ray start --head` "
+              f"(README: Across machines).", file=sys.stderr)
+        return 2
     stop_requested: list[str] = []
     signal.signal(signal.SIGINT, lambda *_: stop_requested.append("Ctrl-C"))
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append("SIGTERM"))
