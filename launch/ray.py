@@ -235,12 +235,17 @@ def main(argv: list[str]) -> int:
     actors += [(f"eval-actor-{i}", ActorConfig(problem=learner.problem, num_envs=given["eval_envs_per_actor"],
                                                mode="eval", max_reconnect_s=FLAGS.max_reconnect_s, **security))
                for i in range(FLAGS.num_eval_actors)]
-    try:
-        resources = {name: json.loads(FLAGS[name].value)
-                     for name in ("learner_resources", "actor_resources", "eval_actor_resources")}
-    except json.JSONDecodeError as e:
-        print(f"resource flags take JSON objects such as '{{\"CPU\": 1, \"GPU\": 1}}': {e}", file=sys.stderr)
-        return 2
+    resources = {}
+    for name in ("learner_resources", "actor_resources", "eval_actor_resources"):
+        try:
+            resources[name] = json.loads(FLAGS[name].value)
+        except json.JSONDecodeError:
+            resources[name] = None
+        if not isinstance(resources[name], dict) or not all(
+                isinstance(v, (int, float)) for v in resources[name].values()):
+            print(f"--{name} takes a JSON object of amounts, such as '{{\"CPU\": 1, \"GPU\": 1}}', "
+                  f"not {FLAGS[name].value!r}", file=sys.stderr)
+            return 2
     return launch(RayLaunchConfig(
         address=FLAGS.address, learner=learner, learner_resources=resources["learner_resources"], actors=actors,
         actor_resources=resources["actor_resources"], eval_actor_resources=resources["eval_actor_resources"],

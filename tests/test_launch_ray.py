@@ -147,3 +147,10 @@ def test_a_learner_that_cannot_start_ends_the_launch_with_its_error(cluster, tmp
     assert process.returncode == 1
     assert "the learner could not start" in process.stderr and "unknown problem 'no_such_problem'" in process.stderr
     assert fleetrl_ray_processes() == []
+
+
+def test_a_malformed_resource_request_is_refused_before_touching_the_cluster():
+    process = subprocess.run([sys.executable, "-m", "fleetrl.launch.ray", "--address=127.0.0.1:1",
+                              "--actor_resources=[1]"], capture_output=True, text=True, env=ENV, timeout=60)
+    assert process.returncode == 2
+    assert "--actor_resources takes a JSON object of amounts" in process.stderr
