@@ -6,6 +6,7 @@ different nodes. The cluster is started with the `ray` CLI as a user would, and 
 with `ray stop --force` (which stops every Ray process of this user on the machine).
 """
 
+import contextlib
 import json
 import os
 import re
@@ -67,6 +68,17 @@ def start_launcher(cluster, logdir, *flags):
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
 
 
+@contextlib.contextmanager
+def running_launcher(cluster, logdir, *flags):
+    """The launcher, killed if a failed check leaves it running."""
+    process = start_launcher(cluster, logdir, *flags)
+    try:
+        yield process
+    finally:
+        if process.poll() is None:
+            process.kill()
+
+
 def read_until(process, pattern: str, lines: list[str], timeout_s: float = 120) -> re.Match:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -102,9 +114,8 @@ def test_a_run_trains_with_actors_on_both_nodes_and_leaves_nothing_behind(cluste
 
 
 def test_ray_restarts_a_killed_actor_which_rejoins_and_ctrl_c_stops_everything(cluster, tmp_path):
-    process = start_launcher(cluster, tmp_path / "run", "--max_restarts=2")
     lines: list[str] = []
-    try:
+    with running_launcher(cluster, tmp_path / "run", "--max_restarts=2") as process:
         pid = int(read_until(process, r"actor-1 started: pid (\d+)", lines).group(1))
         read_until(process, r"trainer [1-9]", lines)  # training is under way
         os.kill(pid, signal.SIGKILL)
@@ -112,11 +123,7 @@ def test_ray_restarts_a_killed_actor_which_rejoins_and_ctrl_c_stops_everything(c
         assert new_pid != pid
         read_until(process, rf"actor-1 rejoined the learner: pid {new_pid}, \d+ steps", lines)
         process.send_signal(signal.SIGINT)
-        output, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    output = "".join(lines) + output
+        output = "".join(lines) + process.communicate(timeout=120)[0]
     assert process.returncode == 0, output
     assert "done: stopped by Ctrl-C" in output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -125,16 +132,11 @@ def test_ray_restarts_a_killed_actor_which_rejoins_and_ctrl_c_stops_everything(c
 
 
 def test_the_run_ends_when_its_actors_run_out_of_restarts(cluster, tmp_path):
-    process = start_launcher(cluster, tmp_path / "run", "--max_restarts=0", "--num_actors=1")
     lines: list[str] = []
-    try:
+    with running_launcher(cluster, tmp_path / "run", "--max_restarts=0", "--num_actors=1") as process:
         pid = int(read_until(process, r"actor-0 started: pid (\d+)", lines).group(1))
         os.kill(pid, signal.SIGKILL)
-        output, _ = process.communicate(timeout=120)
-    finally:
-        if process.poll() is None:
-            process.kill()
-    output = "".join(lines) + output
+        output = "".join(lines) + process.communicate(timeout=120)[0]
     assert process.returncode == 1, output
     assert "actor-0 is gone for good" in output and "done: every actor is out of restarts" in output
     assert fleetrl_ray_processes() == []
