@@ -81,6 +81,7 @@ class Actor:
         n = self.config.num_envs
         asynchronous = self.config.async_envs or (problem.envs_in_subprocesses and n > 1)
         envs = make_vector_env(problem.make_actor_env, n, asynchronous, problem.config.group_size, self.config.seed)
+        log.info("stepping %d envs %s", n, "in subprocesses" if asynchronous else "in this process")
         try:
             self._act(problem_name, problem, envs, max_steps)
         finally:

@@ -53,3 +53,23 @@ def test_a_learner_and_one_actor_train_on_real_libero_with_action_chunks(tmp_pat
     checkpoint = torch.load(max((logdir / "checkpoints").glob("ckpt-*.pt")), weights_only=True)
     assert checkpoint["problem"] == "libero"
     assert checkpoint["hparams"]["suite"] == "libero_spatial" and checkpoint["hparams"]["chunk_size"] == "4"
+
+
+def test_grpo_trains_on_real_libero_with_a_group_of_envs_in_subprocesses(tmp_path):
+    """GRPO's group of two shares each reset state (tested in test_libero_env); here the whole
+    path runs: one actor, its two envs in subprocesses, 8-action episodes in chunks of 4."""
+    from test_launch_local import finish, start_local, read_scalars
+
+    logdir = tmp_path / "run"
+    process, tag = start_local(
+        logdir, "--problem=libero", "--suite=libero_spatial", "--task_ids=[0]", "--image_size=32",
+        "--chunk_size=4", "--max_episode_steps=8", "--num_wait_steps=1", "--algorithm=grpo", "--group_size=2",
+        "--num_actors=1", "--envs_per_actor=2", "--unroll_length=4", "--batch_size=2", "--total_env_steps=24",
+        "--seed=0")
+    code, output = finish(process, tag)
+    assert code == 0, output
+    assert "stepping 2 envs in subprocesses" in (logdir / "logs" / "actor-0.log").read_text()
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["trainer_steps"] >= 1 and summary["episodes"] >= 4, summary
+    scalars = read_scalars(logdir)
+    assert "loss/policy" in scalars and set(scalars["train/episode_len"]) == {8.0}
