@@ -53,14 +53,13 @@ class AttentionPool(nn.Module):
 class VLAAgent(Agent):
     def __init__(self, action_size: int = 7, chunk_size: int = 1, state_size: int = 8,
                  channels: tuple[int, ...] = (16, 32, 32), hidden_size: int = 128, grid: int = 4,
-                 text_encoder: str = "minilm", value_pooling: str = "mean", initial_log_std: float = -0.5,
-                 language_bytes: int = 128):
+                 text_encoder: str = "minilm", value_pooling: str = "mean", initial_log_std: float = -0.5):
         super().__init__()
         if text_encoder not in TEXT_ENCODERS:
             raise ValueError(f"unknown text_encoder {text_encoder!r}; choose from {TEXT_ENCODERS}")
         if value_pooling not in VALUE_POOLINGS:
             raise ValueError(f"unknown value_pooling {value_pooling!r}; choose from {VALUE_POOLINGS}")
-        self.text_encoder, self.value_pooling, self.language_bytes = text_encoder, value_pooling, language_bytes
+        self.text_encoder, self.value_pooling = text_encoder, value_pooling
         self.main_camera = _camera_torso(channels, grid, hidden_size)
         self.wrist_camera = _camera_torso(channels, grid, hidden_size)
         self.state_mlp = nn.Sequential(nn.Linear(state_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, hidden_size))
