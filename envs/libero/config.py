@@ -28,7 +28,9 @@ def prepare_libero(config_dir: str | None = None, mujoco_gl: str = "egl") -> str
     os.environ.setdefault("MUJOCO_GL", mujoco_gl)
     os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
     path = os.path.join(config_dir, "config.yaml")
-    if not os.path.exists(path):
+    if not os.path.exists(path) or (config_dir == DEFAULT_CONFIG_DIR and not _points_at(path, root)):
+        # fleetrl's own file follows the install in use (another venv may have written it);
+        # a config the user placed elsewhere is never overwritten.
         os.makedirs(config_dir, exist_ok=True)
         entries = {"benchmark_root": root, "bddl_files": os.path.join(root, "bddl_files"),
                    "init_states": os.path.join(root, "init_files"), "datasets": os.path.join(config_dir, "datasets"),
@@ -38,3 +40,8 @@ def prepare_libero(config_dir: str | None = None, mujoco_gl: str = "egl") -> str
             f.writelines(f"{key}: {value}\n" for key, value in entries.items())
         os.replace(tmp, path)
     return path
+
+
+def _points_at(path: str, root: str) -> bool:
+    with open(path) as f:
+        return f"benchmark_root: {root}\n" in f.read()
