@@ -7,7 +7,7 @@ STAMP := $(VENV)/.fleetrl-installed
 LOGDIR ?=
 RUN_FLAGS ?=
 
-.PHONY: run test install libero proto bench clean
+.PHONY: run test test-fast lint install libero proto bench clean
 
 install: $(STAMP)
 
@@ -38,8 +38,19 @@ run: install
 	    --num_actors=2 --envs_per_actor=32 --total_env_steps=1000000 \
 	    --target_mean_return=475 $(RUN_FLAGS)
 
-# The LIBERO tests run against the real simulator, so the test environment has it.
-test: install libero
+# Style, bugs and the layers' import contracts (pyproject.toml): seconds, so they go first.
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports
+
+# What a developer runs while working: unit tests and in-process gRPC tests, no learning
+# runs, LIBERO or Ray (the tests marked slow).
+test-fast: lint libero
+	$(PY) -m pytest -q -m "not slow"
+
+# The whole suite, as CI runs it. The LIBERO tests run the real simulator, so the test
+# environment has it.
+test: lint libero
 	$(PY) -m pytest -q
 
 proto: install

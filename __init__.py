@@ -5,6 +5,3 @@ model, batches inference for every actor and trains on the unrolls it assembles.
 """
 
 __version__ = "0.1.0"
-
-# Bumped whenever a change to proto/learner.proto or its meaning breaks old actors.
-PROTOCOL_VERSION = 1

@@ -16,26 +16,27 @@ import logging
 import os
 import queue
 import random
-import secrets
 import socket
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import grpc
 import numpy as np
 
-from fleetrl import PROTOCOL_VERSION
 from fleetrl.actor.channel import learner_channel
 from fleetrl.actor.config import ActorConfig
 from fleetrl.actor.episode_tracker import EpisodeTracker
 from fleetrl.actor.eval_episodes import EvalEpisodes, Pending
+from fleetrl.actor.extras import vector_extras
 from fleetrl.envs.vector import make_vector_env
 from fleetrl.problems.base import Problem
 from fleetrl.problems.registry import load_problem
+from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb
-from fleetrl.proto.auth import read_token
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
-from fleetrl.proto.tensors import decode_all, encode, encode_all
+from fleetrl.proto.auth import read_token
+from fleetrl.proto.run_ids import new_run_ids
+from fleetrl.proto.tensors import decode_all, encode_all
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ class Actor:
             num_envs=self.config.num_envs, mode=mode,
             observation_spec=[s.to_proto() for s in problem.observation_specs()],
             action_spec=[s.to_proto() for s in problem.action_specs()],
+            extra_spec=[s.to_proto() for s in problem.extra_specs()],
         )
 
     def _problem_from_learner(self) -> tuple[str, Problem]:
@@ -106,15 +108,14 @@ class Actor:
     def _act(self, problem_name: str, problem: Problem, envs, max_steps: int | None) -> None:
         n = self.config.num_envs
         seeds = np.random.SeedSequence(self.config.seed).generate_state(n)
-        obs, _ = envs.reset(seed=[int(s) for s in seeds])
+        obs, info = envs.reset(seed=[int(s) for s in seeds])
         # Fresh per process, so a restarted actor never continues an old trajectory.
-        run_ids = np.array([secrets.randbits(63) | 1 for _ in range(n)], np.uint64)
-        tracker = EpisodeTracker(n, problem.episode_metrics)
-        action_specs = problem.action_specs()
+        run_ids = new_run_ids(n)
+        tracker = EpisodeTracker(n, problem)
+        action_specs, extra_specs = problem.action_specs(), problem.extra_specs()
         handshake = self._handshake(problem_name, problem, pb.TRAIN)
-        chunk_size = problem.config.chunk_size
         step = _step_message(obs, np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), run_ids, [],
-                             _chunk_results({}, n, chunk_size))
+                             vector_extras(info, extra_specs, n))
 
         def play(requests: queue.SimpleQueue, responses) -> bool:
             nonlocal step
@@ -132,14 +133,14 @@ class Actor:
                 obs, reward, terminated, truncated, info = envs.step(env_actions)
                 episodes = tracker.update(reward, terminated, truncated, info)
                 step = _step_message(obs, reward, terminated, truncated, run_ids, episodes,
-                                     _chunk_results(info, n, chunk_size))
+                                     vector_extras(info, extra_specs, n))
             return True
 
         self._with_retries(lambda: self._stream(handshake, play))
 
     def _evaluate(self, problem_name: str, problem: Problem, episodes: EvalEpisodes, max_steps: int | None) -> None:
         n, action_specs = self.config.num_envs, problem.action_specs()
-        run_ids = np.array([secrets.randbits(63) | 1 for _ in range(n)], np.uint64)
+        run_ids = new_run_ids(n)
         handshake = self._handshake(problem_name, problem, pb.EVAL)
 
         def play(requests: queue.SimpleQueue, responses) -> bool:
@@ -217,8 +218,7 @@ def _drain(requests: queue.SimpleQueue) -> Iterator[pb.ActorMessage]:
 def _eval_step_message(pending: Pending, run_ids: np.ndarray) -> pb.Step:
     indices = pending.env_indices
     step = _step_message(pending.observation, pending.reward, pending.terminated, pending.truncated, run_ids[indices],
-                         [], None if pending.action_rewards is None else (pending.action_rewards,
-                                                                          pending.actions_executed))
+                         [], pending.extras)
     del step.env_indices[:]
     step.env_indices.extend(indices.tolist())
     step.finished_episodes.extend(pb.EpisodeStats(env_index=e.env_index, metrics=e.metrics, eval_episode=e.episode,
@@ -227,26 +227,11 @@ def _eval_step_message(pending: Pending, run_ids: np.ndarray) -> pb.Step:
     return step
 
 
-def _chunk_results(info: dict, n: int, chunk_size: int) -> tuple[np.ndarray, np.ndarray] | None:
-    """Per-action rewards and executed counts from `ActionChunks`' infos; envs that just
-    reset report none, which the vector env fills with zeros."""
-    if chunk_size == 1:
-        return None
-    return (np.asarray(info.get("action_rewards", np.zeros((n, chunk_size))), np.float32),
-            np.asarray(info.get("actions_executed", np.zeros(n)), np.int64))
-
-
-def _step_message(obs, reward, terminated, truncated, run_ids, episodes,
-                  chunk_results: tuple[np.ndarray, np.ndarray] | None = None) -> pb.Step:
+def _step_message(obs, reward, terminated, truncated, run_ids, episodes, extras: dict[str, np.ndarray]) -> pb.Step:
     n = len(run_ids)
     observations = obs if isinstance(obs, dict) else {"observation": obs}
-    step = pb.Step(
+    return pb.Step(
         env_indices=range(n), run_ids=run_ids.tolist(), observations=encode_all(observations),
         rewards=np.asarray(reward, np.float32).tolist(), terminated=np.asarray(terminated, bool).tolist(),
-        truncated=np.asarray(truncated, bool).tolist(), finished_episodes=episodes,
+        truncated=np.asarray(truncated, bool).tolist(), finished_episodes=episodes, extras=encode_all(extras),
     )
-    if chunk_results is not None:
-        action_rewards, executed = chunk_results
-        step.action_rewards.CopyFrom(encode("action_rewards", action_rewards))
-        step.actions_executed.extend(executed.tolist())
-    return step

@@ -1,24 +1,28 @@
 """Per-env episode return and length, under next-step autoreset.
 
 The step after an episode's end is the reset of the next one (reward 0, not a
-transition), so it counts toward neither episode.
+transition), so it counts toward neither episode. Each finished episode is reported with
+the Problem's own metrics and its episode group (`Problem.episode_group`), both from the
+info of its last step.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
+from fleetrl.problems.base import Problem
 from fleetrl.proto import learner_pb2 as pb
 
 
 class EpisodeTracker:
-    def __init__(self, num_envs: int, extra_metrics: Callable[[Mapping[str, Any]], dict[str, float]] | None = None):
+    def __init__(self, num_envs: int, problem: Problem | None = None):
         self._returns = np.zeros(num_envs, np.float64)
         self._lengths = np.zeros(num_envs, np.int64)
         self._resetting = np.ones(num_envs, bool)  # the first observation comes from reset
-        self._extra_metrics = extra_metrics
+        self._problem = problem
 
     def update(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
                info: Mapping[str, Any]) -> list[pb.EpisodeStats]:
@@ -30,9 +34,12 @@ class EpisodeTracker:
         finished = []
         for i in np.flatnonzero(ended):
             metrics = {"return": float(self._returns[i]), "length": float(self._lengths[i])}
-            if self._extra_metrics is not None:
-                metrics.update(self._extra_metrics(env_info(info, int(i))))
-            finished.append(pb.EpisodeStats(env_index=int(i), metrics=metrics))
+            group = ""
+            if self._problem is not None:
+                final_info = env_info(info, int(i))
+                metrics.update(self._problem.episode_metrics(final_info))
+                group = self._problem.episode_group(final_info)
+            finished.append(pb.EpisodeStats(env_index=int(i), metrics=metrics, group=group))
         self._returns[ended] = 0.0
         self._lengths[ended] = 0
         self._resetting = ended

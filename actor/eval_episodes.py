@@ -13,10 +13,12 @@ straight to `EvalInference`. Both see the same episodes.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
+from fleetrl.actor.extras import env_extras
 from fleetrl.problems.base import Problem
 
 # (env index, episode, one env's observation, whether the episode just ended)
@@ -43,15 +45,14 @@ class Pending:
     terminated: np.ndarray
     truncated: np.ndarray
     finished: list[FinishedEpisode]
-    action_rewards: np.ndarray | None = None  # action chunks only
-    actions_executed: np.ndarray | None = None
+    extras: dict[str, np.ndarray]  # the Problem's per-step extras
 
 
 class EvalEpisodes:
     def __init__(self, problem: Problem, num_envs: int, on_frame: FrameHook | None = None):
         self.problem = problem
         self.envs = [problem.make_actor_env() for _ in range(num_envs)]
-        self._chunk_size = problem.config.chunk_size
+        self._extra_specs = problem.extra_specs()
         self._on_frame = on_frame
         self._queue: list[int] = []
         self._episode = [-1] * num_envs  # -1: idle
@@ -89,10 +90,9 @@ class EvalEpisodes:
             terminated=np.array([s["terminated"] for s in last], bool),
             truncated=np.array([s["truncated"] for s in last], bool),
             finished=self._finished,
+            extras={spec.name: np.array([s["extras"][spec.name] for s in last], spec.dtype).reshape(-1, *spec.shape)
+                    for spec in self._extra_specs},
         )
-        if self._chunk_size > 1:
-            step.action_rewards = np.array([s["action_rewards"] for s in last], np.float32).reshape(-1, self._chunk_size)
-            step.actions_executed = np.array([s["actions_executed"] for s in last], np.int64)
         self._finished = []
         return step
 
@@ -122,13 +122,12 @@ class EvalEpisodes:
         obs, info = self.envs[i].reset(seed=seed, options=options)
         self._episode[i] = episode
         self._last[i] = {"return": 0.0, "length": 0}
-        self._observe(i, obs, 0.0, False, False, {})
+        self._observe(i, obs, 0.0, False, False, info)
 
     def _observe(self, i: int, obs: Any, reward: float, terminated: bool, truncated: bool, info: Mapping) -> None:
         observation = obs if isinstance(obs, dict) else {"observation": obs}
         self._last[i].update(obs={k: np.asarray(v) for k, v in observation.items()}, reward=reward,
                              terminated=terminated, truncated=truncated,
-                             action_rewards=info.get("action_rewards", np.zeros(self._chunk_size, np.float32)),
-                             actions_executed=int(info.get("actions_executed", 0)))
+                             extras=env_extras(info, self._extra_specs))
         if self._on_frame is not None:
             self._on_frame(i, self._episode[i], self._last[i]["obs"], terminated or truncated)

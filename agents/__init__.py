@@ -7,4 +7,5 @@ from fleetrl.agents.mlp import GaussianMLPAgent, MLPAgent
 from fleetrl.agents.vla import VLAAgent
 from fleetrl.agents.vln import VLNAgent
 
-__all__ = ["Agent", "AgentOutput", "State", "ConvLSTMAgent", "GaussianMLPAgent", "LSTMAgent", "MLPAgent", "VLAAgent", "VLNAgent"]
+__all__ = ["Agent", "AgentOutput", "State", "ConvLSTMAgent", "GaussianMLPAgent", "LSTMAgent", "MLPAgent", "VLAAgent",
+           "VLNAgent"]

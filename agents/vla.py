@@ -62,7 +62,8 @@ class VLAAgent(Agent):
         self.text_encoder, self.value_pooling = text_encoder, value_pooling
         self.main_camera = _camera_torso(channels, grid, hidden_size)
         self.wrist_camera = _camera_torso(channels, grid, hidden_size)
-        self.state_mlp = nn.Sequential(nn.Linear(state_size, hidden_size), nn.ReLU(), nn.Linear(hidden_size, hidden_size))
+        self.state_mlp = nn.Sequential(nn.Linear(state_size, hidden_size), nn.ReLU(),
+                                       nn.Linear(hidden_size, hidden_size))
         if text_encoder == "minilm":
             self.language = nn.Linear(EMBEDDING_SIZE, hidden_size)
         else:

@@ -26,10 +26,10 @@ import torch
 from absl import app, flags
 
 from fleetrl.envs.vector import make_vector_env
+from fleetrl.learner.env_state_store import build_state_store
 from fleetrl.learner.inference import InferenceStep, PolicyVersion, StepRequest
-from fleetrl.learner.learner import build_state_store
 from fleetrl.learner.trainer import Trainer
-from fleetrl.learner.unroll_queue import collate
+from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.registry import load_problem
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
@@ -96,12 +96,13 @@ def in_process() -> tuple[float, int]:
         if steps0 is None and now >= measure_from:
             steps0, t0 = inference.env_steps, now
         if steps0 is not None and now - t0 >= FLAGS.measure_s:
-            return (inference.env_steps - steps0) / (now - t0), trainer.steps
-        (actions,) = inference([StepRequest(slots, run_ids, {"observation": obs}, reward.astype(np.float32),
-                                            terminated, truncated)])
+            return (inference.env_steps - steps0) / (now - t0), policy.version
+        (actions,) = inference([StepRequest(slots=slots, run_ids=run_ids, observation={"observation": obs}, extras={},
+                                            reward=reward.astype(np.float32), terminated=terminated,
+                                            truncated=truncated)])
         obs, reward, terminated, truncated, _ = envs.step(actions["action"])
         while len(unrolls) >= FLAGS.batch_size:
-            trainer.update(collate(unrolls[:FLAGS.batch_size]))
+            trainer.update(UnrollBatch.collate(unrolls[:FLAGS.batch_size]))
             del unrolls[:FLAGS.batch_size]
 
 

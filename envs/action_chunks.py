@@ -11,8 +11,10 @@ vector env see one ordinary step per chunk:
 - info["actions_executed"]: how many of the K actions ran (fewer than K only when the
   episode ended inside the chunk).
 
-The actor sends the last two with each step, so the learner can train with
+The last two travel to the learner as per-step extras (declared by `Problem.extra_specs`,
+read by actors from the step's info under these names), so the learner can train with
 `reward_type=action_level` and mask the actions that never ran (see fleetrl.losses.chunks).
+A reset step carries none: zeros, and 0 actions executed.
 """
 
 from __future__ import annotations
@@ -21,6 +23,10 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
+
+# The names of the per-step extras, in the step's info and in `UnrollBatch.extras`.
+ACTION_REWARDS = "action_rewards"  # [K] float32
+ACTIONS_EXECUTED = "actions_executed"  # int64
 
 
 def chunk_space(space: gym.Space, chunk_size: int) -> gym.Space:
@@ -55,5 +61,5 @@ class ActionChunks(gym.Wrapper):
             rewards[k] = reward
             if terminated or truncated:
                 break
-        info = {**info, "action_rewards": rewards, "actions_executed": np.int64(k + 1)}
+        info = {**info, ACTION_REWARDS: rewards, ACTIONS_EXECUTED: np.int64(k + 1)}
         return obs, float(rewards.sum()), terminated, truncated, info

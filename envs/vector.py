@@ -18,7 +18,7 @@ sequence of reset seeds, so the k-th episodes of a group's members start from th
 from __future__ import annotations
 
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 import gymnasium as gym
 import numpy as np

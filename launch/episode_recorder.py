@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 import os
-from typing import Mapping
+from collections.abc import Mapping
 
 import imageio.v3 as iio
 import numpy as np
@@ -21,7 +21,8 @@ from fleetrl.problems.base import Problem
 
 
 class EpisodeRecorder:
-    def __init__(self, problem: Problem, directory: str, max_episodes: int, fps: float = 10.0, video_format: str = "gif"):
+    def __init__(self, problem: Problem, directory: str, max_episodes: int, fps: float = 10.0,
+                 video_format: str = "gif"):
         if video_format not in ("gif", "mp4"):
             raise ValueError(f"record_format must be gif or mp4, got {video_format!r}")
         self.problem = problem

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import secrets
 import sys
 
 import numpy as np
@@ -24,13 +23,14 @@ from absl import app, flags, logging
 from torch.utils.tensorboard import SummaryWriter
 
 from fleetrl.actor.eval_episodes import EvalEpisodes
+from fleetrl.launch.episode_recorder import EpisodeRecorder
 from fleetrl.learner.checkpoint import CheckpointError, check_fits, load_checkpoint
+from fleetrl.learner.env_state_store import build_state_store
 from fleetrl.learner.eval_inference import EvalInference, EvalRequest
 from fleetrl.learner.inference import StepRequest
-from fleetrl.learner.learner import build_state_store
-from fleetrl.launch.episode_recorder import EpisodeRecorder
 from fleetrl.problems.hparams import parse_hparams
 from fleetrl.problems.registry import UnknownProblemError, load_problem
+from fleetrl.proto.run_ids import new_run_ids
 
 flags.DEFINE_string("checkpoint", None, "A checkpoint file (ckpt-*.pt or best.pt).")
 flags.DEFINE_string("problem", "", "The Problem; default: the checkpoint's.")
@@ -54,7 +54,7 @@ def evaluate(problem, agent: torch.nn.Module, episodes: int, num_envs: int, devi
     inference = EvalInference(problem, store, device)
     num_envs = min(num_envs, episodes)
     slots = store.allocate(num_envs)
-    run_ids = np.array([secrets.randbits(63) | 1 for _ in range(num_envs)], np.uint64)
+    run_ids = new_run_ids(num_envs)
     envs = EvalEpisodes(problem, num_envs, recorder.on_frame if recorder else None)
     results: dict[int, dict[str, float]] = {}
     kept: dict[int, dict] = {}
@@ -65,8 +65,9 @@ def evaluate(problem, agent: torch.nn.Module, episodes: int, num_envs: int, devi
             results.update((f.episode, f.metrics) for f in pending.finished)
             kept.update((f.episode, f.record) for f in pending.finished if f.record is not None)
             i = pending.env_indices
-            request = StepRequest(slots[i], run_ids[i], pending.observation, pending.reward, pending.terminated,
-                                  pending.truncated, pending.action_rewards, pending.actions_executed)
+            request = StepRequest(slots=slots[i], run_ids=run_ids[i], observation=pending.observation,
+                                  extras=pending.extras, reward=pending.reward, terminated=pending.terminated,
+                                  truncated=pending.truncated)
             envs.advance(pending, inference([EvalRequest(request, agent)])[0])
     finally:
         envs.close()
@@ -106,7 +107,8 @@ def main(argv: list[str]) -> int:
     print(f"{name} at policy version {checkpoint['policy_version']:,}, {episodes} episodes")
     print(f"{'metric':<16} {'mean':>10} {'std':>10} {'min':>10} {'max':>10}")
     for n, values in table.items():
-        print(f"{n:<16} {np.mean(values):>10.3f} {np.std(values):>10.3f} {np.min(values):>10.3f} {np.max(values):>10.3f}")
+        stats = (np.mean(values), np.std(values), np.min(values), np.max(values))
+        print(f"{n:<16} " + " ".join(f"{v:>10.3f}" for v in stats))
     os.makedirs(output, exist_ok=True)
     report = {"problem": name, "hparams": hparams, "checkpoint": os.path.abspath(FLAGS.checkpoint),
               "policy_version": checkpoint["policy_version"], "episodes": episodes,

@@ -11,7 +11,8 @@ import dataclasses
 import os
 import time
 import typing
-from typing import Any, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from absl import flags
 
@@ -29,7 +30,8 @@ HELP = {
     "batch_size": "B: unrolls per trainer step.",
     "inference_batch_size": "Envs per inference forward pass: a batch flushes at this size...",
     "inference_timeout_ms": "...or this long after its first request arrived.",
-    "unroll_queue_size": "Finished unrolls waiting for the trainer; when full, inference waits (bounds memory and lag).",
+    "unroll_queue_size": "Finished unrolls waiting for the trainer; when full, inference waits "
+                         "(bounds memory and lag).",
     "total_env_steps": "Stop after this many env steps (transitions); 0 for no limit.",
     "target_mean_return": "Stop once the mean return of the last return_window episodes reaches this.",
     "return_window": "Episodes in the recent-return window.",

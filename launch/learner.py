@@ -15,6 +15,7 @@ import sys
 
 from absl import app, flags, logging
 
+from fleetrl.common.files import atomic_write_text
 from fleetrl.launch.flags import define_flags, define_problem_flags, learner_config_from_flags
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
@@ -36,10 +37,7 @@ def main(argv: list[str]) -> int:
         logging.warning("serving %s to other hosts without authentication: anyone who can reach this "
                         "address can join the run (set --auth_token_file or --tls_client_ca)", config.bind)
     os.makedirs(config.logdir, exist_ok=True)
-    tmp = os.path.join(config.logdir, "learner_address.tmp")
-    with open(tmp, "w") as f:
-        f.write(learner.address)
-    os.replace(tmp, os.path.join(config.logdir, "learner_address"))
+    atomic_write_text(os.path.join(config.logdir, "learner_address"), learner.address)
     logging.info("learner for %s serving on %s, logdir %s", config.problem, learner.address, config.logdir)
 
     signalled = []

@@ -21,8 +21,14 @@ import grpc
 from absl import app, flags
 
 from fleetrl.actor.config import ActorConfig
-from fleetrl.launch.flags import (define_flags, define_problem_flags, launch_flags_with_problem_defaults,
-                                  learner_config_from_flags, timestamped_logdir, to_argv)
+from fleetrl.launch.flags import (
+    define_flags,
+    define_problem_flags,
+    launch_flags_with_problem_defaults,
+    learner_config_from_flags,
+    timestamped_logdir,
+    to_argv,
+)
 from fleetrl.launch.processes import ChildProcesses
 from fleetrl.launch.progress import Progress, print_summary
 from fleetrl.learner.config import LearnerConfig

@@ -14,7 +14,7 @@ import signal
 import subprocess
 import sys
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 _PR_SET_PDEATHSIG = 1
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import math
 import sys
 import time
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from fleetrl.proto import learner_pb2 as pb
 

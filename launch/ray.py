@@ -32,15 +32,21 @@ import ray
 from absl import app, flags
 
 from fleetrl.actor.config import ActorConfig
-from fleetrl.launch.flags import (define_flags, define_problem_flags, launch_flags_with_problem_defaults,
-                                  learner_config_from_flags, timestamped_logdir)
+from fleetrl.launch.flags import (
+    define_flags,
+    define_problem_flags,
+    launch_flags_with_problem_defaults,
+    learner_config_from_flags,
+    timestamped_logdir,
+)
 from fleetrl.launch.progress import Progress, print_summary
 from fleetrl.launch.ray_hosts import FleetrlActor, FleetrlLearner
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.proto import learner_pb2 as pb
 
 define_flags(LearnerConfig, skip=("bind",))
-flags.DEFINE_string("address", "auto", "The Ray cluster: auto (the one this machine belongs to), or host:port of its head.")
+flags.DEFINE_string("address", "auto",
+                    "The Ray cluster: auto (the one this machine belongs to), or host:port of its head.")
 flags.DEFINE_integer("learner_port", 0, "Port the learner serves on, on its node (0: any free one).")
 flags.DEFINE_string("learner_resources", '{"CPU": 1}', "Ray resources of the learner, JSON: CPU, GPU and custom ones.")
 flags.DEFINE_integer("num_actors", 2, "Actors to start.")
@@ -56,7 +62,8 @@ flags.DEFINE_string("tls_ca", "", "Actors: CA (PEM) that signed the learner's ce
 flags.DEFINE_string("actor_tls_cert", "", "Actors' client certificate (PEM), for mutual TLS.")
 flags.DEFINE_string("actor_tls_key", "", "Private key (PEM) of --actor_tls_cert.")
 flags.DEFINE_string("tls_server_name", "", "The host name in the learner's certificate, when it differs from its IP.")
-flags.DEFINE_float("start_timeout_s", 600.0, "Give up when the learner is not serving after this long (placement included).")
+flags.DEFINE_float("start_timeout_s", 600.0,
+                   "Give up when the learner is not serving after this long (placement included).")
 flags.DEFINE_float("progress_interval_s", 1.0, "Seconds between progress updates.")
 flags.DEFINE_boolean("log_to_driver", False, "Also print the learner's and actors' logs here (Ray's log_to_driver).")
 FLAGS = flags.FLAGS

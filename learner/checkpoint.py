@@ -1,15 +1,11 @@
-"""Checkpoints: atomic files that resume a run exactly, and weights that load anywhere.
+"""Checkpoint files: atomic writes that a crash never breaks, and weights that load anywhere.
 
 A checkpoint is one `torch.save`d dict of tensors and plain values only, so it loads
-with `torch.load(path, weights_only=True)`: no pickled code runs when reading one.
+with `torch.load(path, weights_only=True)`: no pickled code runs when reading one. What it
+holds is the run state's (`run_state.RunState`); every checkpoint has at least `format`,
+`problem`, `hparams`, `policy_version` and `model`.
 
-    format, problem, hparams, learner_config
-    model, optimizer                      state_dicts
-    trainer_steps, policy_version, env_steps, episodes, eval_rounds
-    rng                                   torch's global state and the learner's generators
-    best                                  the best eval metric so far (or None)
-
-Files live in `<logdir>/checkpoints/`: `ckpt-<trainer steps>.pt` (the last K are kept) and
+Files live in `<logdir>/checkpoints/`: `ckpt-<policy version>.pt` (the last K are kept) and
 `best.pt` (the weights of the eval round with the best `best_metric`, no optimizer). Each
 is written to a temporary name, flushed to disk, then renamed over: a crash mid-save
 leaves the previous files whole, and a reader never sees half a file.
@@ -20,11 +16,16 @@ from __future__ import annotations
 import glob
 import os
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 
-CHECKPOINT_FORMAT = 1
+from fleetrl.common.files import atomic_write
+
+# 2: one step counter, policy_version (format 1 also held an equal trainer_steps).
+CHECKPOINT_FORMAT = 2
+READABLE_FORMATS = (1, 2)
 _NAME = re.compile(r"ckpt-(\d+)\.pt$")
 
 
@@ -33,23 +34,7 @@ class CheckpointError(ValueError):
 
 
 def atomic_save(obj: Any, path: str) -> None:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        with open(tmp, "wb") as f:
-            torch.save(obj, f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)  # the rename itself survives a power cut
-    finally:
-        os.close(dir_fd)
+    atomic_write(path, lambda f: torch.save(obj, f), durable=True)
 
 
 def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict[str, Any]:
@@ -59,8 +44,9 @@ def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict
         checkpoint = torch.load(path, map_location=map_location, weights_only=True)
     except Exception as e:  # torch raises several types for a file that is not a checkpoint
         raise CheckpointError(f"{path} is not a readable fleetrl checkpoint: {e}") from None
-    if not isinstance(checkpoint, dict) or checkpoint.get("format") != CHECKPOINT_FORMAT or "model" not in checkpoint:
-        raise CheckpointError(f"{path} is not a fleetrl checkpoint (format {CHECKPOINT_FORMAT})")
+    readable = isinstance(checkpoint, dict) and checkpoint.get("format") in READABLE_FORMATS and "model" in checkpoint
+    if not readable:
+        raise CheckpointError(f"{path} is not a fleetrl checkpoint (formats {READABLE_FORMATS})")
     return checkpoint
 
 
@@ -106,7 +92,7 @@ class CheckpointDir:
         return paths[-1] if paths else None
 
     def save(self, checkpoint: Mapping[str, Any]) -> str:
-        path = os.path.join(self.directory, f"ckpt-{checkpoint['trainer_steps']:010d}.pt")
+        path = os.path.join(self.directory, f"ckpt-{checkpoint['policy_version']:010d}.pt")
         atomic_save(dict(checkpoint), path)
         for old in self.periodic()[:-self.keep]:
             os.remove(old)

@@ -9,14 +9,14 @@ same class in-process on a loaded checkpoint.
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
 
 from fleetrl.agents.base import Agent
 from fleetrl.learner.env_state_store import EnvStateStore
-from fleetrl.learner.inference import StepRequest
+from fleetrl.learner.inference import StepRequest, split_rows
 from fleetrl.learner.tensor_tree import tree_to
 from fleetrl.problems.base import Problem
 
@@ -44,21 +44,21 @@ class EvalInference:
         for i, request in enumerate(requests):
             groups.setdefault(id(request.agent), []).append(i)
         for members in groups.values():
-            actions = self._act(requests[members[0]].agent, [requests[i].step for i in members])
-            bounds = np.cumsum([0] + [len(requests[i]) for i in members])
-            for i, a, b in zip(members, bounds[:-1], bounds[1:]):
-                replies[i] = {k: v[a:b] for k, v in actions.items()}
+            steps = [requests[i].step for i in members]
+            actions = self._act(requests[members[0]].agent, StepRequest.concatenate(steps))
+            for i, reply in zip(members, split_rows(actions, steps)):
+                replies[i] = reply
         return replies
 
-    def _act(self, agent: Agent, steps: Sequence[StepRequest]) -> dict[str, np.ndarray]:
-        slots = np.concatenate([s.slots for s in steps])
-        obs = {k: torch.from_numpy(np.concatenate([s.observation[k] for s in steps])) for k in steps[0].observation}
-        first, state, prev_action = self.store.begin_step(slots, np.concatenate([s.run_ids for s in steps]))
+    def _act(self, agent: Agent, step: StepRequest) -> dict[str, np.ndarray]:
+        first, state, prev_action = self.store.lookup(step.slots, step.run_ids)
+        obs = {k: torch.from_numpy(v) for k, v in step.observation.items()}
         obs.update({f"prev_action/{k}": v for k, v in prev_action.items()})
         device_obs = tree_to(obs, self.device)
         out, new_state = agent.step(device_obs, first.to(self.device), tree_to(state, self.device))
-        actions = tree_to(self.problem.select_actor_action(out, device_obs, deterministic=True), "cpu")
-        ended = np.concatenate([s.terminated | s.truncated for s in steps])
-        self.store.end_step(slots, None, state, tree_to(new_state, "cpu"), actions, ended)
+        # The policy's own action: eval never executes an oracle's, whatever the extras say.
+        actions = tree_to(self.problem.select_actor_action(out, device_obs, {}, deterministic=True), "cpu")
+        self.store.end_step(step.slots, step.run_ids, None, state, tree_to(new_state, "cpu"), actions,
+                            step.terminated | step.truncated)
         self.env_steps += int((~first).sum())
         return {k: v.numpy() for k, v in actions.items()}

@@ -18,7 +18,7 @@ import dataclasses
 import math
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 

@@ -8,6 +8,10 @@ vanished actor delays the others by at most the timeout, and never blocks them.
 `max_batch_size` may be a callable, read at each batch: the learner passes the smaller of
 its configured size and the number of connected envs, so a batch that already holds every
 connected env flushes at once instead of waiting out the timeout.
+
+A batch whose handler raises is retried one request at a time, so that one actor's bad
+step fails only that actor's request; the others get their results. The handler must
+therefore change nothing when it raises (see `inference.InferenceStep`).
 """
 
 from __future__ import annotations
@@ -15,8 +19,9 @@ from __future__ import annotations
 import queue
 import threading
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from typing import Any, Callable, Generic, Sequence, TypeVar
+from typing import Any, Generic, TypeVar
 
 Request = TypeVar("Request")
 
@@ -35,6 +40,7 @@ class InferenceBatcher(Generic[Request]):
         self._queue: queue.SimpleQueue[tuple[Request, Future]] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="inference-batcher", daemon=True)
+        self.isolated_failures = 0  # batches that failed and were retried request by request
 
     def start(self) -> None:
         self._thread.start()
@@ -78,13 +84,23 @@ class InferenceBatcher(Generic[Request]):
     def _loop(self) -> None:
         while not self._stop.is_set():
             batch = self._next_batch()
-            if not batch:
-                continue
-            try:
-                results = self._handler([request for request, _ in batch])
-            except BaseException as e:  # the handler's failure belongs to these requests, not the thread
-                for _, future in batch:
-                    future.set_exception(e)
-                continue
-            for (_, future), result in zip(batch, results):
-                future.set_result(result)
+            if batch:
+                self._serve(batch)
+
+    def _serve(self, batch: list[tuple[Request, Future]]) -> None:
+        try:
+            results = self._handler([request for request, _ in batch])
+        except Exception as e:
+            if len(batch) == 1:
+                batch[0][1].set_exception(e)
+            else:  # find the request that fails on its own; the others are served
+                self.isolated_failures += 1
+                for item in batch:
+                    self._serve([item])
+            return
+        except BaseException as e:  # the handler's failure belongs to these requests, not the thread
+            for _, future in batch:
+                future.set_exception(e)
+            return
+        for (_, future), result in zip(batch, results):
+            future.set_result(result)

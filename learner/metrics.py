@@ -11,7 +11,7 @@ import collections
 import math
 import threading
 import time
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 
 class ScalarMeans:

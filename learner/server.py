@@ -1,34 +1,57 @@
 """The learner's gRPC service: handshakes, step validation, and one stream per actor.
 
 Each actor stream runs in its own gRPC worker thread: it checks the handshake against the
-Problem, allocates the actor's env slots, then for every step decodes and validates the
+run, allocates the actor's env slots, then for every step decodes and validates the
 message, submits it to the inference batcher and answers with the actions. A message that
-does not match the protocol ends only that actor's stream, with a status naming the field.
+does not match the protocol (see learner.proto), or a step whose inference fails on its
+own, ends only that actor's stream, with a status naming the field; every other actor
+goes on being served.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 import threading
 import time
-from typing import Callable, Iterator, NamedTuple
+from collections.abc import Iterator
+from concurrent import futures
+from typing import NamedTuple, Protocol
 
 import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from fleetrl import PROTOCOL_VERSION
 from fleetrl.learner.env_state_store import EnvStateStore
 from fleetrl.learner.eval_inference import EvalRequest
 from fleetrl.learner.eval_rounds import EvalRounds
-from fleetrl.learner.group_scores import GroupScores
 from fleetrl.learner.inference import StepRequest
 from fleetrl.learner.inference_batcher import BatcherStopped, InferenceBatcher
 from fleetrl.learner.metrics import EpisodeWindow, ScalarMeans
+from fleetrl.losses.unroll_hook import UnrollHook
+from fleetrl.problems.base import TRAIN
+from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
 from fleetrl.proto.tensors import Specs, TensorSpec, WireError, decode, decode_all, encode_all, spec_mismatch
+
+log = logging.getLogger(__name__)
+
+# Eval pictures larger than this on a side are refused.
+MAX_IMAGE_SIDE = 2048
+
+
+class RunControl(Protocol):
+    """What the service asks of the run it serves (the Learner implements it)."""
+
+    def policy_version(self) -> int: ...
+
+    def is_finished(self) -> bool: ...
+
+    def finished_reason(self) -> str: ...
+
+    def status(self) -> pb.Status: ...
 
 
 @dataclasses.dataclass
@@ -39,57 +62,76 @@ class ServedRun:
     hparams: dict[str, str]
     observation_specs: Specs
     action_specs: Specs
+    extra_specs: Specs
+    episode_groups: tuple[str, ...]
     store: EnvStateStore
     batcher: InferenceBatcher
+    unroll_hook: UnrollHook
     episodes: EpisodeWindow
     scalars: ScalarMeans
-    status: Callable[[], pb.Status]
-    finished: threading.Event
-    finished_reason: Callable[[], str]
-    policy_version: Callable[[], int]
+    run: RunControl
     max_envs_per_actor: int
-    group_scores: GroupScores | None = None
+    max_message_bytes: int
     handshake_timeout_s: float = 10.0
-    chunk_size: int = 1  # actions per step; > 1: steps carry per-action rewards
     # Eval actors (mode EVAL): their own state store and batcher, and the rounds they play.
     eval_store: EnvStateStore | None = None
     eval_batcher: InferenceBatcher | None = None
     eval_rounds: EvalRounds | None = None
+
 
 class Episode(NamedTuple):
     """A finished episode as an actor reported it."""
 
     env: int
     metrics: dict[str, float]
+    group: str
     eval_episode: int | None
     images: dict[str, np.ndarray]  # eval episodes only: Problem.eval_images
 
 
-# Eval pictures larger than this on a side are refused.
-MAX_IMAGE_SIDE = 2048
-
-
 class LearnerService(pb_grpc.LearnerServicer):
-    def __init__(self, run: ServedRun):
+    def __init__(self, run: ServedRun, max_streams: int):
         self.run = run
         self._actors_lock = threading.Lock()
         self._actors: dict[str, int] = {}  # actor id -> its mode
         self._rejected_lock = threading.Lock()
         self._rejected = 0
+        # Reads each stream's first message, so that a silent stream can be ended on time.
+        self._handshake_reader = futures.ThreadPoolExecutor(max_streams, thread_name_prefix="handshake")
+
+    def close(self) -> None:
+        self._handshake_reader.shutdown(wait=False, cancel_futures=True)
 
     @property
     def connected_actors(self) -> int:
         with self._actors_lock:
             return len(self._actors)
 
+    @property
+    def rejected_messages(self) -> int:
+        with self._rejected_lock:
+            return self._rejected
+
+    def count_rejection(self) -> None:
+        with self._rejected_lock:
+            self._rejected += 1
+
     def GetRunInfo(self, request: pb.RunInfoRequest, context: grpc.ServicerContext) -> pb.RunInfo:
-        return pb.RunInfo(protocol_version=PROTOCOL_VERSION, problem=self.run.problem, hparams=self.run.hparams)
+        run = self.run
+        return pb.RunInfo(
+            protocol_version=PROTOCOL_VERSION, problem=run.problem, hparams=run.hparams,
+            observation_spec=[s.to_proto() for s in run.observation_specs],
+            action_spec=[s.to_proto() for s in run.action_specs],
+            extra_spec=[s.to_proto() for s in run.extra_specs],
+            num_envs_multiple=run.unroll_hook.num_envs_multiple, max_envs_per_actor=run.max_envs_per_actor,
+            episode_groups=run.episode_groups, max_message_bytes=run.max_message_bytes,
+            handshake_timeout_s=run.handshake_timeout_s)
 
     def GetStatus(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.Status:
-        return self.run.status()
+        return self.run.run.status()
 
     def GetEvalWork(self, request: pb.EvalWorkRequest, context: grpc.ServicerContext) -> pb.EvalWork:
-        if self.run.finished.is_set():
+        if self.run.run.is_finished():
             return pb.EvalWork(finished=True)
         with self._actors_lock:
             mode = self._actors.get(request.actor_id)
@@ -101,26 +143,13 @@ class LearnerService(pb_grpc.LearnerServicer):
                            retry_after_s=work.retry_after_s)
 
     def Stream(self, request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
-        # A connection that never says who it is must not hold a worker thread forever.
-        deadline = threading.Timer(self.run.handshake_timeout_s, self._drop_silent, args=(context,))
-        deadline.start()
-        try:
-            first = next(request_iterator, None)
-        except grpc.RpcError:
-            first = None
-        finally:
-            deadline.cancel()
+        first = self._first_message(request_iterator, context)
         if first is None:
             return
-        if isinstance(first, UnreadableMessage):
-            self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, first.reason)
-        if first.WhichOneof("kind") != "handshake":
-            self._reject(context, grpc.StatusCode.INVALID_ARGUMENT,
-                         "the first message of a stream must be a handshake, got a step")
         handshake = first.handshake
-        problem = self._check_handshake(handshake)
-        if problem:
-            self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, problem)
+        refusal = self._check_handshake(handshake)
+        if refusal:
+            self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, refusal)
         evaluating = handshake.mode == pb.EVAL
         if evaluating and self.run.eval_rounds is None:
             self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, "this learner runs no evaluation")
@@ -133,55 +162,99 @@ class LearnerService(pb_grpc.LearnerServicer):
                          f"actor id {handshake.actor_id!r} is already connected; give each actor its own --actor_id")
         store = self.run.eval_store if evaluating else self.run.store
         slots = store.allocate(handshake.num_envs)
-        if self.run.group_scores is not None and not evaluating:
-            self.run.group_scores.add_actor(slots)
+        if not evaluating:
+            self.run.unroll_hook.actor_joined(slots)
         try:
             yield pb.LearnerMessage(accepted=pb.HandshakeAccepted(
-                run_name=self.run.problem, policy_version=self.run.policy_version()))
-            for message in request_iterator:
-                if self.run.finished.is_set():
-                    break
-                if isinstance(message, UnreadableMessage):
-                    self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {handshake.actor_id!r}: {message.reason}")
-                if message.WhichOneof("kind") != "step":
-                    self._reject(context, grpc.StatusCode.INVALID_ARGUMENT,
-                                 "handshake repeated: a stream has exactly one handshake, as its first message")
-                try:
-                    request, episodes = self._decode_step(message.step, slots, handshake.num_envs)
-                    future = (self._submit_eval(handshake.actor_id, request, episodes) if evaluating
-                              else self._submit(request, episodes, slots))
-                except WireError as e:
-                    self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {handshake.actor_id!r}: {e}")
-                start = time.monotonic()
-                try:
-                    actions = future.result()
-                except BatcherStopped:
-                    break
-                self.run.scalars.add("inference/latency_ms", 1000 * (time.monotonic() - start))
-                yield pb.LearnerMessage(actions=pb.Actions(actions=encode_all(actions),
-                                                           policy_version=self.run.policy_version()))
-            if self.run.finished.is_set():
-                yield pb.LearnerMessage(finished=pb.RunFinished(reason=self.run.finished_reason()))
+                run_name=self.run.problem, policy_version=self.run.run.policy_version()))
+            yield from self._serve_steps(handshake, slots, evaluating, request_iterator, context)
         finally:
-            if self.run.group_scores is not None and not evaluating:
-                self.run.group_scores.remove_actor(slots)
-            if evaluating:
+            if not evaluating:
+                self.run.unroll_hook.actor_left(slots)
+            else:
                 self.run.eval_rounds.disconnect(handshake.actor_id)
             store.release(slots)
             with self._actors_lock:
                 self._actors.pop(handshake.actor_id, None)
 
-    def _submit(self, request: StepRequest, episodes: list[Episode], slots: np.ndarray):
-        self._record_episodes(episodes, slots)
+    def _serve_steps(self, handshake: pb.Handshake, slots: np.ndarray, evaluating: bool,
+                     request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
+        actor = handshake.actor_id
+        for message in request_iterator:
+            if self.run.run.is_finished():
+                break
+            kind = self._kind(message)
+            if kind != "step":
+                self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: " + (
+                    "handshake repeated: a stream has exactly one handshake, as its first message"
+                    if kind == "handshake" else kind))
+            try:
+                request, episodes = self._decode_step(message.step, slots, handshake.num_envs)
+                future = (self._submit_eval(actor, request, episodes) if evaluating
+                          else self._submit(request, episodes))
+            except WireError as e:
+                self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: {e}")
+            start = time.monotonic()
+            try:
+                actions = future.result()
+            except BatcherStopped:
+                break
+            except Exception as e:  # its step failed inference on its own (see InferenceBatcher)
+                log.error("actor %r: inference failed on its step, ending its stream: %r", actor, e)
+                self._reject(context, grpc.StatusCode.INVALID_ARGUMENT,
+                             f"actor {actor!r}: the learner's inference failed on this step: {type(e).__name__}: {e}")
+            self.run.scalars.add("inference/latency_ms", 1000 * (time.monotonic() - start))
+            yield pb.LearnerMessage(actions=pb.Actions(actions=encode_all(actions),
+                                                       policy_version=self.run.run.policy_version()))
+        if self.run.run.is_finished():
+            yield pb.LearnerMessage(finished=pb.RunFinished(reason=self.run.run.finished_reason()))
+
+    def _first_message(self, request_iterator: Iterator[pb.ActorMessage],
+                       context: grpc.ServicerContext) -> pb.ActorMessage | None:
+        """The handshake, read within the handshake timeout: a connection that never says
+        who it is must not hold a worker thread."""
+        timeout = self.run.handshake_timeout_s
+        read = self._handshake_reader.submit(next, request_iterator, None)
+        try:
+            first = read.result(timeout=timeout)
+        except futures.TimeoutError:
+            self._reject(context, grpc.StatusCode.DEADLINE_EXCEEDED,
+                         f"no handshake within {timeout:g} s of opening the stream (the learner's "
+                         "--handshake_timeout_s): send the Handshake as the stream's first message")
+        except (grpc.RpcError, futures.CancelledError):  # the client went away
+            return None
+        if first is None:
+            return None
+        kind = self._kind(first)
+        if kind != "handshake":
+            self._reject(context, grpc.StatusCode.INVALID_ARGUMENT,
+                         "the first message of a stream must be a handshake, got a step" if kind == "step" else kind)
+        return first
+
+    @staticmethod
+    def _kind(message: pb.ActorMessage | UnreadableMessage) -> str:
+        """"handshake" or "step", else why the message is refused."""
+        if isinstance(message, UnreadableMessage):
+            return message.reason
+        return message.WhichOneof("kind") or "an empty ActorMessage: set its handshake or its step"
+
+    def _submit(self, request: StepRequest, episodes: list[Episode]):
+        """Training episodes go to their group's summaries; the "train" ones also to the
+        recent-return window."""
+        for episode in episodes:
+            for name, value in episode.metrics.items():
+                tag = f"episode_{name}" if name in ("return", "length") else name
+                self.run.scalars.add(f"{episode.group}/{tag}", value)
+        self.run.episodes.extend(e.metrics for e in episodes if e.group == TRAIN)
         return self.run.batcher.submit(request)
 
     def _submit_eval(self, actor_id: str, request: StepRequest, episodes: list[Episode]):
         """Eval episodes go to their round, not to train/; actions come from the round's snapshot."""
-        for env, metrics, episode, images in episodes:
-            if episode is None:
-                raise WireError(f"finished_episodes: env {env} of an eval actor gives no eval_episode")
+        for episode in episodes:
+            if episode.eval_episode is None:
+                raise WireError(f"finished_episodes: env {episode.env} of an eval actor gives no eval_episode")
             try:
-                self.run.eval_rounds.record(actor_id, episode, metrics, images)
+                self.run.eval_rounds.record(actor_id, episode.eval_episode, episode.metrics, episode.images)
             except ValueError as e:
                 raise WireError(f"finished_episodes: {e}") from None
         snapshot = self.run.eval_rounds.agent_for(actor_id)
@@ -189,44 +262,35 @@ class LearnerService(pb_grpc.LearnerServicer):
             raise WireError("an eval step before any eval work: call GetEvalWork first")
         return self.run.eval_batcher.submit(EvalRequest(request, snapshot[0]))
 
-    @property
-    def rejected_messages(self) -> int:
-        with self._rejected_lock:
-            return self._rejected
-
-    def count_rejection(self) -> None:
-        with self._rejected_lock:
-            self._rejected += 1
-
-    def _drop_silent(self, context: grpc.ServicerContext) -> None:
-        self.count_rejection()
-        context.cancel()
-
     def _reject(self, context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> None:
         self.count_rejection()
         context.abort(code, message)
 
     def _check_handshake(self, handshake: pb.Handshake) -> str | None:
+        run = self.run
         if handshake.protocol_version != PROTOCOL_VERSION:
             return (f"protocol version {handshake.protocol_version} from the actor, but the learner speaks "
                     f"{PROTOCOL_VERSION}: run the same fleetrl version on both")
-        if handshake.problem != self.run.problem:
-            return f"the actor runs problem {handshake.problem!r} and the learner serves {self.run.problem!r}"
+        if handshake.problem != run.problem:
+            return f"the actor runs problem {handshake.problem!r} and the learner serves {run.problem!r}"
         if not handshake.actor_id:
             return "the handshake has no actor_id"
-        if not 0 < handshake.num_envs <= self.run.max_envs_per_actor:
+        if not 0 < handshake.num_envs <= run.max_envs_per_actor:
             return (f"the handshake has num_envs = {handshake.num_envs}; this learner takes 1 to "
-                    f"{self.run.max_envs_per_actor} envs per actor (--max_envs_per_actor)")
-        group_size = self.run.group_scores.group_size if self.run.group_scores is not None else 1
-        if handshake.num_envs % group_size and handshake.mode == pb.TRAIN:
-            return f"the handshake has num_envs = {handshake.num_envs}, not a multiple of group_size {group_size}"
+                    f"{run.max_envs_per_actor} envs per actor (--max_envs_per_actor)")
+        if handshake.mode == pb.TRAIN:
+            refusal = run.unroll_hook.admit(handshake.num_envs)
+            if refusal:
+                return refusal
         try:
             observations = tuple(TensorSpec.from_proto(s) for s in handshake.observation_spec)
             actions = tuple(TensorSpec.from_proto(s) for s in handshake.action_spec)
+            extras = tuple(TensorSpec.from_proto(s) for s in handshake.extra_spec)
         except WireError as e:
             return str(e)
-        return (spec_mismatch("observation", self.run.observation_specs, observations)
-                or spec_mismatch("action", self.run.action_specs, actions))
+        return (spec_mismatch("observation", run.observation_specs, observations)
+                or spec_mismatch("action", run.action_specs, actions)
+                or spec_mismatch("extra", run.extra_specs, extras))
 
     def _decode_step(self, step: pb.Step, slots: np.ndarray, num_envs: int) -> tuple[StepRequest, list[Episode]]:
         count = len(step.env_indices)
@@ -247,57 +311,25 @@ class LearnerService(pb_grpc.LearnerServicer):
         if not np.isfinite(rewards).all():
             bad = int(indices[~np.isfinite(rewards)][0])
             raise WireError(f"rewards: env {bad} has a NaN or infinite reward")
-        observation = decode_all(step.observations, self.run.observation_specs, count, "observation")
-        action_rewards, actions_executed = self._decode_chunk_results(step, count, indices)
-        episodes = []
-        for episode in step.finished_episodes:
-            if episode.env_index >= num_envs:
-                raise WireError(f"finished_episodes: env index {episode.env_index} is unknown")
-            if not all(math.isfinite(v) for v in episode.metrics.values()):
-                raise WireError(f"finished_episodes: env {episode.env_index} has a NaN or infinite metric")
-            episodes.append(Episode(episode.env_index, dict(episode.metrics),
-                                    episode.eval_episode if episode.HasField("eval_episode") else None,
-                                    _decode_images(episode)))
         request = StepRequest(
-            slots=slots[indices], run_ids=run_ids, observation=observation, reward=rewards,
-            terminated=np.asarray(step.terminated, bool), truncated=np.asarray(step.truncated, bool),
-            action_rewards=action_rewards, actions_executed=actions_executed,
+            slots=slots[indices], run_ids=run_ids,
+            observation=decode_all(step.observations, self.run.observation_specs, count, "observation", indices),
+            extras=decode_all(step.extras, self.run.extra_specs, count, "extra", indices),
+            reward=rewards, terminated=np.asarray(step.terminated, bool), truncated=np.asarray(step.truncated, bool),
         )
-        return request, episodes
+        return request, [self._decode_episode(e, num_envs) for e in step.finished_episodes]
 
-    def _decode_chunk_results(self, step: pb.Step, count: int,
-                              indices: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
-        chunk = self.run.chunk_size
-        if chunk == 1:
-            if step.HasField("action_rewards") or step.actions_executed:
-                raise WireError("action_rewards / actions_executed: this Problem has no action chunks (chunk_size 1)")
-            return None, None
-        if not step.HasField("action_rewards"):
-            raise WireError(f"action_rewards missing: this Problem plays chunks of {chunk} actions")
-        spec = TensorSpec("action_rewards", np.dtype(np.float32), (chunk,))
-        action_rewards = decode(step.action_rewards, spec, count, "action_rewards")
-        if not np.isfinite(action_rewards).all():
-            bad = int(indices[~np.isfinite(action_rewards).all(axis=1)][0])
-            raise WireError(f"action_rewards: env {bad} has a NaN or infinite reward")
-        if len(step.actions_executed) != count:
-            raise WireError(f"actions_executed has {len(step.actions_executed)} entries for {count} env_indices")
-        executed = np.asarray(step.actions_executed, np.int64)
-        if (executed > chunk).any():
-            raise WireError(f"actions_executed: {int(executed.max())} actions of a chunk of {chunk}")
-        return action_rewards, executed
-
-    def _record_episodes(self, episodes: list[Episode], slots: np.ndarray) -> None:
-        """Training episodes go to train/ and the recent-return window; teacher-forced ones,
-        which executed the oracle's actions, to teacher/ only."""
-        if not episodes:
-            return
-        forced = self.run.store.teacher_forcing(slots[[e.env for e in episodes]])
-        for episode, teacher in zip(episodes, forced):
-            prefix = "teacher" if teacher else "train"
-            for name, value in episode.metrics.items():
-                tag = f"episode_{name}" if name in ("return", "length") else name
-                self.run.scalars.add(f"{prefix}/{tag}", value)
-        self.run.episodes.extend(e.metrics for e, teacher in zip(episodes, forced) if not teacher)
+    def _decode_episode(self, episode: pb.EpisodeStats, num_envs: int) -> Episode:
+        if episode.env_index >= num_envs:
+            raise WireError(f"finished_episodes: env index {episode.env_index} is unknown")
+        if not all(math.isfinite(v) for v in episode.metrics.values()):
+            raise WireError(f"finished_episodes: env {episode.env_index} has a NaN or infinite metric")
+        group = episode.group or TRAIN
+        if group not in self.run.episode_groups:
+            raise WireError(f"finished_episodes: env {episode.env_index} names episode group {group!r}; "
+                            f"this run has {list(self.run.episode_groups)}")
+        return Episode(episode.env_index, dict(episode.metrics), group,
+                       episode.eval_episode if episode.HasField("eval_episode") else None, _decode_images(episode))
 
 
 @dataclasses.dataclass
@@ -351,4 +383,3 @@ def _decode_images(episode: pb.EpisodeStats) -> dict[str, np.ndarray]:
     if images and not episode.HasField("eval_episode"):
         raise WireError(f"finished_episodes env {episode.env_index}: images come only with eval episodes")
     return images
-

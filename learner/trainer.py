@@ -21,7 +21,7 @@ import torch
 
 from fleetrl.agents.base import Agent
 from fleetrl.learner.inference import PolicyVersion
-from fleetrl.learner.unroll import UnrollBatch
+from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.base import Problem
 
 
@@ -39,7 +39,6 @@ class Trainer:
         self.epochs = problem.config.epochs or self.algorithm.default_epochs
         self.minibatches = problem.config.minibatches or self.algorithm.default_minibatches
         self.shuffle_generator = torch.Generator().manual_seed(seed)
-        self.steps = 0  # optimizer steps
         self.last_policy_lag = float("nan")
 
     def update(self, batch: UnrollBatch) -> dict[str, float]:
@@ -71,10 +70,10 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.problem.config.max_grad_norm)
-        with self.policy.lock:
+        with self.policy.lock:  # the only write to the weights; the version counts these steps
             self.optimizer.step()
             self.policy.version += 1
-        self.steps += 1
         summaries = {k: float(v) for k, v in logs.items()}
-        summaries.update({"optim/grad_norm": float(grad_norm), "optim/learning_rate": self.optimizer.param_groups[0]["lr"]})
+        summaries.update({"optim/grad_norm": float(grad_norm),
+                          "optim/learning_rate": self.optimizer.param_groups[0]["lr"]})
         return summaries

@@ -9,13 +9,8 @@ from __future__ import annotations
 
 import queue
 import threading
-from typing import Any, Sequence
 
-import torch
-from torch.utils import _pytree as pytree
-
-from fleetrl.learner.env_state_store import Unroll
-from fleetrl.learner.unroll import UnrollBatch
+from fleetrl.losses.batch import Unroll, UnrollBatch
 
 
 class UnrollQueue:
@@ -46,11 +41,4 @@ class UnrollQueue:
                 unrolls.append(self._queue.get(timeout=0.1))
             except queue.Empty:
                 continue
-        return collate(unrolls)
-
-
-def collate(unrolls: Sequence[Unroll]) -> UnrollBatch:
-    """Stacks unrolls into one time-major batch."""
-    fields = {k: torch.stack([u[0][k] for u in unrolls]) for k in unrolls[0][0]}
-    state: Any = pytree.tree_map(lambda *xs: torch.cat(xs), *[u[1] for u in unrolls])
-    return UnrollBatch.from_fields(fields, state)
+        return UnrollBatch.collate(unrolls)

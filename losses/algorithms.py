@@ -1,13 +1,15 @@
 """Training algorithms: how one batch of unrolls becomes optimizer steps. Chosen by name.
 
-An algorithm has two parts. `prepare` runs once per batch, before any update, and computes
-what must come from the behaviour policy (GAE advantages from the values recorded at
-inference, say). `loss` runs on each minibatch of each epoch. The trainer does the rest.
+An algorithm has three parts. `unroll_hook` may hold or rewrite finished unrolls before
+they are batched (GRPO waits for its groups' returns). `prepare` runs once per batch,
+before any update, and computes what must come from the behaviour policy (GAE advantages
+from the values recorded at inference, say). `loss` runs on each minibatch of each epoch.
+The trainer does the rest.
 
 Every algorithm mixes in teacher forcing the same way: the steps of teacher-forced
-episodes (where the oracle's action was executed) are masked out of the RL loss and train
-with cross-entropy on that action instead, weighted by `teacher_forcing_cost`. A batch may
-hold both kinds.
+episodes (the per-step extra "teacher_forcing", see fleetrl.envs.teacher_forcing) are
+masked out of the RL loss and train with cross-entropy on the executed oracle action
+instead, weighted by `teacher_forcing_cost`. A batch may hold both kinds.
 
 With action chunks (see fleetrl.losses.chunks), the Problem's log-probs and entropy come
 per token, and each algorithm reduces them as `logprob_type` asks, masking the actions
@@ -20,71 +22,65 @@ Register a new one with `ALGORITHMS["name"] = MyAlgorithm()`; select it with
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
 import torch
 
-from fleetrl.learner.unroll import UnrollBatch
-from fleetrl.losses.chunks import (action_level_gae, align_advantages, check_types, executed_mask, loss_mask,
-                                   reduce_log_probs)
+from fleetrl.agents.base import Agent
+from fleetrl.envs.teacher_forcing import TEACHER_FORCING
+from fleetrl.losses.batch import UnrollBatch
+from fleetrl.losses.chunks import (
+    action_level_gae,
+    align_advantages,
+    check_types,
+    chunk_mask,
+    chunk_results,
+    loss_mask,
+    per_step,
+)
+from fleetrl.losses.config import LossConfig
 from fleetrl.losses.gae import gae
+from fleetrl.losses.group_advantages import GROUP_ADVANTAGE, GroupAdvantages
 from fleetrl.losses.ppo import ppo_loss
+from fleetrl.losses.training_problem import TrainingProblem
 from fleetrl.losses.transitions import transitions
+from fleetrl.losses.unroll_hook import UnrollHook
 from fleetrl.losses.vtrace import vtrace_loss
-
-if TYPE_CHECKING:
-    from fleetrl.agents.base import Agent
-    from fleetrl.problems.base import Problem
 
 Prepared = dict[str, torch.Tensor]  # [T, B] per-transition tensors
 LossAndLogs = tuple[torch.Tensor, dict[str, torch.Tensor]]
-
-
-def per_step(batch: UnrollBatch, tokens: torch.Tensor, level: str) -> torch.Tensor:
-    """Per-token log-probs (or entropies) of the T+1 steps, reduced to `level`.
-
-    Without action chunks they are already one per step. With chunks, the actions chosen
-    at step t ran in the transition to t+1, whose step reports how many ran; the last
-    step's chunk has not run yet and counts whole.
-    """
-    if batch.actions_executed is None:
-        return tokens
-    chunk_size = tokens.shape[2]
-    ran = torch.cat([batch.actions_executed[1:], torch.full_like(batch.actions_executed[:1], chunk_size)])
-    return reduce_log_probs(tokens, executed_mask(ran, chunk_size), level)
-
-
-def chunk_mask(batch: UnrollBatch) -> torch.Tensor | None:
-    """[T, B, K]: the actions of each transition's chunk that ran (None without chunks)."""
-    if batch.actions_executed is None:
-        return None
-    return executed_mask(batch.actions_executed[1:], batch.action_rewards.shape[-1])
 
 
 class Algorithm:
     default_epochs = 1
     default_minibatches = 1
 
-    def prepare(self, problem: "Problem", batch: UnrollBatch) -> Prepared:
+    def unroll_hook(self, config: LossConfig) -> UnrollHook:
+        """What sees finished unrolls before they are batched; the base passes them through."""
+        return UnrollHook()
+
+    def prepare(self, problem: TrainingProblem, batch: UnrollBatch) -> Prepared:
         check_types(problem.config.reward_type, problem.config.logprob_type)
         steps = transitions(batch.reward, batch.terminated, batch.truncated, problem.config.discount)
+        forced = batch.extras.get(TEACHER_FORCING)
         return {"rewards": steps.rewards, "discounts": steps.discounts, "valid": steps.valid,
-                "teacher": batch.teacher_forcing[:-1].float()}
+                "teacher": torch.zeros_like(steps.valid) if forced is None else forced[:-1].float()}
 
-    def loss(self, problem: "Problem", agent: "Agent", batch: UnrollBatch, prepared: Prepared) -> LossAndLogs:
+    def loss(self, problem: TrainingProblem, agent: Agent, batch: UnrollBatch, prepared: Prepared) -> LossAndLogs:
         outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state)
         valid, teacher = prepared["valid"], prepared["teacher"]
         loss, logs = self.rl_loss(problem, outputs, batch, {**prepared, "valid": valid * (1 - teacher)})
+        if TEACHER_FORCING not in batch.extras:
+            return loss, logs
         forced = valid * teacher
         if forced.any():
-            log_probs = per_step(batch, problem.action_log_prob(outputs, batch.action), "chunk_level")[:-1]
+            log_probs = per_step(batch.extras, problem.action_log_prob(outputs, batch.action), "chunk_level")[:-1]
             cross_entropy = -(log_probs * forced).sum() / forced.sum()
             loss = loss + problem.config.teacher_forcing_cost * cross_entropy
             logs["loss/teacher_forcing"] = cross_entropy.detach()
         logs["teacher_forcing/fraction"] = forced.sum() / valid.sum().clamp(min=1)
         return loss, logs
 
-    def rl_loss(self, problem: "Problem", outputs: dict[str, torch.Tensor], batch: UnrollBatch,
+    def rl_loss(self, problem: TrainingProblem, outputs: dict[str, torch.Tensor], batch: UnrollBatch,
                 prepared: Prepared) -> LossAndLogs:
         """The RL loss over the transitions where prepared["valid"] is 1."""
         raise NotImplementedError
@@ -109,9 +105,10 @@ class VTrace(Algorithm):
 
     def rl_loss(self, problem, outputs, batch, prepared):
         return vtrace_loss(
-            target_log_probs=per_step(batch, problem.action_log_prob(outputs, batch.action), "chunk_level"),
-            entropy=per_step(batch, problem.entropy(outputs), "chunk_level"),
-            values=outputs["baseline"], behaviour_log_probs=per_step(batch, batch.behaviour_log_prob, "chunk_level"),
+            target_log_probs=per_step(batch.extras, problem.action_log_prob(outputs, batch.action), "chunk_level"),
+            entropy=per_step(batch.extras, problem.entropy(outputs), "chunk_level"),
+            values=outputs["baseline"],
+            behaviour_log_probs=per_step(batch.extras, batch.behaviour_log_prob, "chunk_level"),
             rewards=prepared["rewards"], discounts=prepared["discounts"], valid=prepared["valid"],
             config=problem.config,
         )
@@ -129,9 +126,10 @@ class PPO(Algorithm):
     def prepare(self, problem, batch):
         config = problem.config
         prepared = super().prepare(problem, batch)
-        values = batch.behaviour_value
-        if config.reward_type == "action_level" and batch.action_rewards is not None:
-            estimate = action_level_gae(batch.action_rewards[1:], batch.actions_executed[1:], prepared["discounts"],
+        values, chunks = batch.behaviour_value, chunk_results(batch.extras)
+        if config.reward_type == "action_level" and chunks is not None:
+            action_rewards, executed = chunks
+            estimate = action_level_gae(action_rewards[1:], executed[1:], prepared["discounts"],
                                         values[:-1], values[-1], prepared["valid"], config.discount, config.gae_lambda)
         else:
             estimate = gae(prepared["rewards"], prepared["discounts"], values[:-1], values[-1],
@@ -141,17 +139,17 @@ class PPO(Algorithm):
 
     def rl_loss(self, problem, outputs, batch, prepared):
         level = problem.config.logprob_type
-        log_probs = per_step(batch, problem.action_log_prob(outputs, batch.action), level)[:-1]
-        mask, returns = chunk_mask(batch), prepared["returns"]
+        log_probs = per_step(batch.extras, problem.action_log_prob(outputs, batch.action), level)[:-1]
+        mask, returns = chunk_mask(batch.extras), prepared["returns"]
         values = outputs["baseline"][:-1]
         old_values = batch.behaviour_value[:-1]
         if returns.dim() > values.dim():  # action-level value targets: the chunk's value stands in
             values, old_values = values.unsqueeze(-1).expand_as(returns), old_values.unsqueeze(-1).expand_as(returns)
         return ppo_loss(
-            log_probs=log_probs, old_log_probs=per_step(batch, batch.behaviour_log_prob, level)[:-1],
+            log_probs=log_probs, old_log_probs=per_step(batch.extras, batch.behaviour_log_prob, level)[:-1],
             advantages=align_advantages(prepared["advantages"], log_probs.shape),
             values=values, old_values=old_values, returns=returns,
-            entropy=per_step(batch, problem.entropy(outputs), "chunk_level")[:-1],
+            entropy=per_step(batch.extras, problem.entropy(outputs), "chunk_level")[:-1],
             valid=loss_mask(prepared["valid"], mask, log_probs.shape),
             value_valid=loss_mask(prepared["valid"], mask, returns.shape), entropy_valid=prepared["valid"],
             config=problem.config,
@@ -160,27 +158,28 @@ class PPO(Algorithm):
 
 class GRPO(Algorithm):
     """Group-relative policy optimization for envs (as RLinf runs it): PPO's clipped objective
-    on each episode's return normalized within its group (`fleetrl.learner.group_scores`),
+    on each episode's return normalized within its group (`fleetrl.losses.group_advantages`),
     with no value function. Needs group_size > 1.
 
     Its unrolls wait for whole group episodes, so its data is older than PPO's: one pass
     of one minibatch per batch (the default) keeps the policy lag low."""
 
+    def unroll_hook(self, config):
+        return GroupAdvantages(config.group_size)
+
     def prepare(self, problem, batch):
-        if batch.group_advantage is None:
-            raise ValueError("GRPO needs group advantages: set group_size > 1 in the Problem's config")
-        return {**super().prepare(problem, batch), "advantages": batch.group_advantage[:-1]}
+        return {**super().prepare(problem, batch), "advantages": batch.extras[GROUP_ADVANTAGE][:-1]}
 
     def rl_loss(self, problem, outputs, batch, prepared):
         level = problem.config.logprob_type
-        log_probs = per_step(batch, problem.action_log_prob(outputs, batch.action), level)[:-1]
+        log_probs = per_step(batch.extras, problem.action_log_prob(outputs, batch.action), level)[:-1]
         no_value = torch.zeros_like(prepared["advantages"])
         return ppo_loss(
-            log_probs=log_probs, old_log_probs=per_step(batch, batch.behaviour_log_prob, level)[:-1],
+            log_probs=log_probs, old_log_probs=per_step(batch.extras, batch.behaviour_log_prob, level)[:-1],
             advantages=align_advantages(prepared["advantages"], log_probs.shape),
             values=no_value, old_values=no_value, returns=no_value,
-            entropy=per_step(batch, problem.entropy(outputs), "chunk_level")[:-1],
-            valid=loss_mask(prepared["valid"], chunk_mask(batch), log_probs.shape),
+            entropy=per_step(batch.extras, problem.entropy(outputs), "chunk_level")[:-1],
+            valid=loss_mask(prepared["valid"], chunk_mask(batch.extras), log_probs.shape),
             value_valid=prepared["valid"], entropy_valid=prepared["valid"],
             config=dataclasses.replace(problem.config, baseline_cost=0.0, normalize_advantages=False),
         )

@@ -1,8 +1,9 @@
 """Action chunks in the loss: how K actions per step meet rewards, log-probs and advantages.
 
 A chunked policy emits K actions per step, each of D dimensions (tokens). The env may stop
-a chunk early at an episode end; actions that never ran are masked everywhere. Following
-the project's algorithm reference:
+a chunk early at an episode end; actions that never ran are masked everywhere. Each step's
+per-step extras (see fleetrl.envs.action_chunks) say how many of the chunk that led to it
+ran, and each one's reward. The options:
 
 - `reward_type`: `chunk_level` trains on one reward per step, the chunk's sum (what the
   actor reports as the step's reward); `action_level` keeps the K rewards, and GAE runs
@@ -17,8 +18,11 @@ chunk-level log-probs through the chunk's first action, whose advantage covers t
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
+from fleetrl.envs.action_chunks import ACTION_REWARDS, ACTIONS_EXECUTED
 from fleetrl.losses.backward_scan import discounted_backward_sum
 from fleetrl.losses.gae import GAEReturns
 
@@ -31,6 +35,38 @@ def check_types(reward_type: str, logprob_type: str) -> None:
         raise ValueError(f"unknown reward_type {reward_type!r}; use one of {', '.join(REWARD_TYPES)}")
     if logprob_type not in LOGPROB_TYPES:
         raise ValueError(f"unknown logprob_type {logprob_type!r}; use one of {', '.join(LOGPROB_TYPES)}")
+
+
+def chunk_results(extras: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Each step's per-action rewards [T+1, B, K] and actions executed [T+1, B], from the
+    batch's extras; None for a Problem without action chunks."""
+    if ACTIONS_EXECUTED not in extras:
+        return None
+    return extras[ACTION_REWARDS], extras[ACTIONS_EXECUTED]
+
+
+def per_step(extras: Mapping[str, torch.Tensor], tokens: torch.Tensor, level: str) -> torch.Tensor:
+    """Per-token log-probs (or entropies) of the T+1 steps, reduced to `level`.
+
+    Without action chunks they are already one per step. With chunks, the actions chosen
+    at step t ran in the transition to t+1, whose step reports how many ran; the last
+    step's chunk has not run yet and counts whole.
+    """
+    chunks = chunk_results(extras)
+    if chunks is None:
+        return tokens
+    executed, chunk_size = chunks[1], tokens.shape[2]
+    ran = torch.cat([executed[1:], torch.full_like(executed[:1], chunk_size)])
+    return reduce_log_probs(tokens, executed_mask(ran, chunk_size), level)
+
+
+def chunk_mask(extras: Mapping[str, torch.Tensor]) -> torch.Tensor | None:
+    """[T, B, K]: the actions of each transition's chunk that ran (None without chunks)."""
+    chunks = chunk_results(extras)
+    if chunks is None:
+        return None
+    action_rewards, executed = chunks
+    return executed_mask(executed[1:], action_rewards.shape[-1])
 
 
 def executed_mask(actions_executed: torch.Tensor, chunk_size: int) -> torch.Tensor:

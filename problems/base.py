@@ -15,18 +15,23 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np
 import torch
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation
-from fleetrl.envs.action_chunks import ActionChunks
+from fleetrl.envs.action_chunks import ACTION_REWARDS, ACTIONS_EXECUTED, ActionChunks
+from fleetrl.envs.teacher_forcing import TEACHER_FORCING, TeacherForcingDraws
 from fleetrl.losses.algorithms import Algorithm, get_algorithm
 from fleetrl.losses.config import LossConfig
 from fleetrl.problems.hparams import apply_hparams
-from fleetrl.proto.tensors import Specs, specs_from_space
+from fleetrl.proto.tensors import Specs, TensorSpec, specs_from_space
+
+# Episode groups (`Problem.episode_group`): only "train" episodes are the policy's own.
+TRAIN, TEACHER = "train", "teacher"
 
 
 @dataclasses.dataclass
@@ -72,7 +77,7 @@ class Problem:
         self.config = config if config is not None else self.Config()
 
     @classmethod
-    def from_hparams(cls, overrides: Mapping[str, str]) -> "Problem":
+    def from_hparams(cls, overrides: Mapping[str, str]) -> Problem:
         return cls(apply_hparams(cls.Config(), overrides))
 
     # ----- actor side -----
@@ -82,9 +87,14 @@ class Problem:
         raise NotImplementedError
 
     def make_actor_env(self) -> gym.Env:
-        """The env as actors step it: `make_env`, playing chunks of actions when chunk_size > 1."""
+        """The env as actors step it: `make_env`, playing chunks of actions when chunk_size > 1,
+        and drawing teacher-forced episodes when teacher_forcing_fraction > 0."""
         env = self.make_env()
-        return ActionChunks(env, self.config.chunk_size) if self.config.chunk_size > 1 else env
+        if self.config.chunk_size > 1:
+            env = ActionChunks(env, self.config.chunk_size)
+        if self.config.teacher_forcing_fraction > 0:
+            env = TeacherForcingDraws(env, self.config.teacher_forcing_fraction)
+        return env
 
     def num_eval_episodes(self) -> int:
         """The size of the eval set; override when the data decides it (a split's size)."""
@@ -108,6 +118,15 @@ class Problem:
     def episode_metrics(self, final_info: Mapping[str, Any]) -> dict[str, float]:
         """Extra metrics of an episode from its last step's info ('return' and 'length' are automatic)."""
         return {}
+
+    def episode_group(self, final_info: Mapping[str, Any]) -> str:
+        """The TensorBoard group of an episode's metrics, one of `episode_groups()`. Only
+        "train" episodes count toward the recent-return window and --target_mean_return;
+        teacher-forced ones (which executed the oracle's actions) go to "teacher"."""
+        return TEACHER if final_info.get(TEACHER_FORCING) else TRAIN
+
+    def episode_groups(self) -> tuple[str, ...]:
+        return (TRAIN, TEACHER) if self.config.teacher_forcing_fraction > 0 else (TRAIN,)
 
     def eval_images(self, final_info: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """Pictures of an eval episode ({tag: [H, W, 3] uint8}) that eval actors send with its
@@ -140,6 +159,21 @@ class Problem:
     def action_specs(self) -> Specs:
         return specs_from_space(self._spaces[1], "action")
 
+    def extra_specs(self) -> Specs:
+        """Per-step extras that actors send beside each observation: fields that features or
+        the algorithm need in training, never model inputs. An actor reads each from the
+        step's info under its name (zeros where the info lacks it, as on a reset); the
+        learner validates and records them, and the losses read them from `batch.extras`.
+        A Problem with a feature of its own adds to them:
+        `return super().extra_specs() + (TensorSpec("my_field", np.dtype(np.float32), (3,)),)`."""
+        specs = []
+        if self.config.chunk_size > 1:  # fleetrl.envs.action_chunks
+            specs += [TensorSpec(ACTION_REWARDS, np.dtype(np.float32), (self.config.chunk_size,)),
+                      TensorSpec(ACTIONS_EXECUTED, np.dtype(np.int64), (), low=0, high=self.config.chunk_size)]
+        if self.config.teacher_forcing_fraction > 0:  # fleetrl.envs.teacher_forcing
+            specs.append(TensorSpec(TEACHER_FORCING, np.dtype(bool), ()))
+        return tuple(specs)
+
     # ----- learner side -----
 
     def make_agent(self) -> Agent:
@@ -167,20 +201,16 @@ class Problem:
             logits = logits.unflatten(-1, (self.config.chunk_size, -1))
         return torch.distributions.Categorical(logits=logits)
 
-    def draw_teacher_forcing(self, count: int, generator: torch.Generator) -> torch.Tensor:
-        """For `count` starting episodes: which ones are teacher-forced. Override to choose otherwise."""
-        return torch.rand(count, generator=generator) < self.config.teacher_forcing_fraction
-
     def select_actor_action(self, agent_output: AgentOutput, observation: Observation,
-                            deterministic: bool = False,
-                            teacher_forcing: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
-        """The actions the actors execute: a sample, or the mode when deterministic, or the
-        oracle's action in teacher-forced episodes."""
+                            extras: Mapping[str, torch.Tensor], deterministic: bool = False) -> dict[str, torch.Tensor]:
+        """The actions the actors execute: a sample, or the mode when deterministic (eval),
+        or the oracle's action in teacher-forced episodes (the extra "teacher_forcing")."""
         dist = self.action_distribution(agent_output)
         action = dist.mode if deterministic else dist.sample()
-        if teacher_forcing is not None and bool(teacher_forcing.any()):
+        forced = extras.get(TEACHER_FORCING)
+        if forced is not None and bool(forced.any()):
             oracle = observation[self.config.oracle_key].to(action.dtype)
-            action = torch.where(teacher_forcing.reshape(-1, *[1] * (action.dim() - 1)), oracle, action)
+            action = torch.where(forced.reshape(-1, *[1] * (action.dim() - 1)), oracle, action)
         return {"action": action}
 
     def action_log_prob(self, agent_output: AgentOutput, actions: Mapping[str, torch.Tensor]) -> torch.Tensor:

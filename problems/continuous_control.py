@@ -10,7 +10,7 @@ respects them (see `fleetrl.agents.distributions`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping
+from collections.abc import Mapping
 
 import gymnasium as gym
 import numpy as np

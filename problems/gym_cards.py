@@ -8,7 +8,8 @@ counts it), with the return and length that every Problem reports.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import gymnasium as gym
 import numpy as np

@@ -12,7 +12,8 @@ import dataclasses
 import json
 import re
 import typing
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 _SPLIT = re.compile(r",(?![^\[\(]*[\]\)])")  # commas outside brackets
 

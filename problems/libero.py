@@ -14,7 +14,8 @@ success per task (`task_{i}/success`).
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar, Mapping
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 import gymnasium as gym
 

@@ -8,7 +8,7 @@ Built-ins are listed by import path, so naming one imports only that Problem's m
 from __future__ import annotations
 
 import importlib
-from typing import Mapping
+from collections.abc import Mapping
 
 from fleetrl.problems.base import Problem
 

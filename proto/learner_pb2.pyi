@@ -60,7 +60,7 @@ class Tensor(_message.Message):
     def __init__(self, name: _Optional[str] = ..., dtype: _Optional[_Union[DType, str]] = ..., shape: _Optional[_Iterable[int]] = ..., data: _Optional[bytes] = ...) -> None: ...
 
 class Handshake(_message.Message):
-    __slots__ = ("protocol_version", "problem", "actor_id", "num_envs", "observation_spec", "action_spec", "mode")
+    __slots__ = ("protocol_version", "problem", "actor_id", "num_envs", "observation_spec", "action_spec", "mode", "extra_spec")
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
     ACTOR_ID_FIELD_NUMBER: _ClassVar[int]
@@ -68,6 +68,7 @@ class Handshake(_message.Message):
     OBSERVATION_SPEC_FIELD_NUMBER: _ClassVar[int]
     ACTION_SPEC_FIELD_NUMBER: _ClassVar[int]
     MODE_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_SPEC_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     problem: str
     actor_id: str
@@ -75,10 +76,11 @@ class Handshake(_message.Message):
     observation_spec: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     action_spec: _containers.RepeatedCompositeFieldContainer[TensorSpec]
     mode: ActorMode
-    def __init__(self, protocol_version: _Optional[int] = ..., problem: _Optional[str] = ..., actor_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., observation_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., mode: _Optional[_Union[ActorMode, str]] = ...) -> None: ...
+    extra_spec: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    def __init__(self, protocol_version: _Optional[int] = ..., problem: _Optional[str] = ..., actor_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., observation_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., mode: _Optional[_Union[ActorMode, str]] = ..., extra_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ...) -> None: ...
 
 class EpisodeStats(_message.Message):
-    __slots__ = ("env_index", "metrics", "eval_episode", "images")
+    __slots__ = ("env_index", "metrics", "eval_episode", "images", "group")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,14 +92,16 @@ class EpisodeStats(_message.Message):
     METRICS_FIELD_NUMBER: _ClassVar[int]
     EVAL_EPISODE_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
     env_index: int
     metrics: _containers.ScalarMap[str, float]
     eval_episode: int
     images: _containers.RepeatedCompositeFieldContainer[Tensor]
-    def __init__(self, env_index: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., eval_episode: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ...) -> None: ...
+    group: str
+    def __init__(self, env_index: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., eval_episode: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., group: _Optional[str] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("env_indices", "run_ids", "observations", "rewards", "terminated", "truncated", "finished_episodes", "action_rewards", "actions_executed")
+    __slots__ = ("env_indices", "run_ids", "observations", "rewards", "terminated", "truncated", "finished_episodes", "extras")
     ENV_INDICES_FIELD_NUMBER: _ClassVar[int]
     RUN_IDS_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -105,8 +109,7 @@ class Step(_message.Message):
     TERMINATED_FIELD_NUMBER: _ClassVar[int]
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     FINISHED_EPISODES_FIELD_NUMBER: _ClassVar[int]
-    ACTION_REWARDS_FIELD_NUMBER: _ClassVar[int]
-    ACTIONS_EXECUTED_FIELD_NUMBER: _ClassVar[int]
+    EXTRAS_FIELD_NUMBER: _ClassVar[int]
     env_indices: _containers.RepeatedScalarFieldContainer[int]
     run_ids: _containers.RepeatedScalarFieldContainer[int]
     observations: _containers.RepeatedCompositeFieldContainer[Tensor]
@@ -114,9 +117,8 @@ class Step(_message.Message):
     terminated: _containers.RepeatedScalarFieldContainer[bool]
     truncated: _containers.RepeatedScalarFieldContainer[bool]
     finished_episodes: _containers.RepeatedCompositeFieldContainer[EpisodeStats]
-    action_rewards: Tensor
-    actions_executed: _containers.RepeatedScalarFieldContainer[int]
-    def __init__(self, env_indices: _Optional[_Iterable[int]] = ..., run_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., rewards: _Optional[_Iterable[float]] = ..., terminated: _Optional[_Iterable[bool]] = ..., truncated: _Optional[_Iterable[bool]] = ..., finished_episodes: _Optional[_Iterable[_Union[EpisodeStats, _Mapping]]] = ..., action_rewards: _Optional[_Union[Tensor, _Mapping]] = ..., actions_executed: _Optional[_Iterable[int]] = ...) -> None: ...
+    extras: _containers.RepeatedCompositeFieldContainer[Tensor]
+    def __init__(self, env_indices: _Optional[_Iterable[int]] = ..., run_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., rewards: _Optional[_Iterable[float]] = ..., terminated: _Optional[_Iterable[bool]] = ..., truncated: _Optional[_Iterable[bool]] = ..., finished_episodes: _Optional[_Iterable[_Union[EpisodeStats, _Mapping]]] = ..., extras: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ...) -> None: ...
 
 class ActorMessage(_message.Message):
     __slots__ = ("handshake", "step")
@@ -163,7 +165,7 @@ class RunInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RunInfo(_message.Message):
-    __slots__ = ("protocol_version", "problem", "hparams")
+    __slots__ = ("protocol_version", "problem", "hparams", "observation_spec", "action_spec", "extra_spec", "num_envs_multiple", "max_envs_per_actor", "episode_groups", "max_message_bytes", "handshake_timeout_s")
     class HparamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -174,10 +176,26 @@ class RunInfo(_message.Message):
     PROTOCOL_VERSION_FIELD_NUMBER: _ClassVar[int]
     PROBLEM_FIELD_NUMBER: _ClassVar[int]
     HPARAMS_FIELD_NUMBER: _ClassVar[int]
+    OBSERVATION_SPEC_FIELD_NUMBER: _ClassVar[int]
+    ACTION_SPEC_FIELD_NUMBER: _ClassVar[int]
+    EXTRA_SPEC_FIELD_NUMBER: _ClassVar[int]
+    NUM_ENVS_MULTIPLE_FIELD_NUMBER: _ClassVar[int]
+    MAX_ENVS_PER_ACTOR_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_GROUPS_FIELD_NUMBER: _ClassVar[int]
+    MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    HANDSHAKE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     problem: str
     hparams: _containers.ScalarMap[str, str]
-    def __init__(self, protocol_version: _Optional[int] = ..., problem: _Optional[str] = ..., hparams: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    observation_spec: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    action_spec: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    extra_spec: _containers.RepeatedCompositeFieldContainer[TensorSpec]
+    num_envs_multiple: int
+    max_envs_per_actor: int
+    episode_groups: _containers.RepeatedScalarFieldContainer[str]
+    max_message_bytes: int
+    handshake_timeout_s: float
+    def __init__(self, protocol_version: _Optional[int] = ..., problem: _Optional[str] = ..., hparams: _Optional[_Mapping[str, str]] = ..., observation_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., extra_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., num_envs_multiple: _Optional[int] = ..., max_envs_per_actor: _Optional[int] = ..., episode_groups: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., handshake_timeout_s: _Optional[float] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()

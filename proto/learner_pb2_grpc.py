@@ -60,7 +60,8 @@ class LearnerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Stream(self, request_iterator, context):
-        """Missing associated documentation comment in .proto file."""
+        """One per actor, for as long as it acts; see the top of this file.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -78,7 +79,9 @@ class LearnerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def GetEvalWork(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """Eval actors: the next episodes to play, asked for on a side call while their stream
+        (mode EVAL) is open.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')

@@ -8,7 +8,7 @@ field instead of a crash or a silently reshaped array. Nothing here unpickles an
 from __future__ import annotations
 
 import dataclasses
-from typing import Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import gymnasium as gym
 import numpy as np
@@ -48,17 +48,24 @@ def dtype_name(wire: int) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class TensorSpec:
-    """The name, dtype and per-env shape of one observation or action tensor."""
+    """The name, dtype and per-env shape of one observation, action or extra tensor.
+
+    `low` and `high`, when set, bound every value: the learner refuses a message with a
+    value outside them (say, more actions executed than a chunk holds). They stay on the
+    learner's side; the wire carries name, dtype and shape.
+    """
 
     name: str
     dtype: np.dtype
     shape: tuple[int, ...]
+    low: float | None = None
+    high: float | None = None
 
     def to_proto(self) -> pb.TensorSpec:
         return pb.TensorSpec(name=self.name, dtype=wire_dtype(self.dtype), shape=list(self.shape))
 
     @staticmethod
-    def from_proto(msg: pb.TensorSpec) -> "TensorSpec":
+    def from_proto(msg: pb.TensorSpec) -> TensorSpec:
         if msg.dtype not in _DTYPES:
             raise WireError(f"spec {msg.name!r} has unknown dtype {dtype_name(msg.dtype)}")
         return TensorSpec(msg.name, _DTYPES[msg.dtype].newbyteorder("="), tuple(msg.shape))
@@ -80,7 +87,8 @@ def specs_from_space(space: gym.Space, default_name: str) -> Specs:
         return (TensorSpec(default_name, np.dtype(np.int64), tuple(space.shape)),)
     if isinstance(space, (gym.spaces.Box, gym.spaces.MultiBinary)):
         return (TensorSpec(default_name, np.dtype(space.dtype), tuple(space.shape)),)
-    raise TypeError(f"space {space} has no tensor spec; use Box, Discrete, MultiDiscrete, MultiBinary or a Dict of them")
+    raise TypeError(f"space {space} has no tensor spec; use Box, Discrete, MultiDiscrete, MultiBinary or a Dict "
+                    "of them")
 
 
 def spec_mismatch(kind: str, expected: Specs, got: Specs) -> str | None:
@@ -111,7 +119,8 @@ def encode_all(arrays: Mapping[str, np.ndarray]) -> list[pb.Tensor]:
     return [encode(name, array) for name, array in arrays.items()]
 
 
-def decode(msg: pb.Tensor, spec: TensorSpec | None = None, batch: int | None = None, field: str = "tensor") -> np.ndarray:
+def decode(msg: pb.Tensor, spec: TensorSpec | None = None, batch: int | None = None,
+           field: str = "tensor") -> np.ndarray:
     """Decodes one tensor, checking it against `spec` (per-env shape) and `batch` (first dim)."""
     where = f"{field} {msg.name!r}"
     if msg.dtype not in _DTYPES:
@@ -124,17 +133,21 @@ def decode(msg: pb.Tensor, spec: TensorSpec | None = None, batch: int | None = N
         if dtype.newbyteorder("=") != spec.dtype:
             raise WireError(f"{where}: dtype {dtype_name(msg.dtype)} differs from the handshake spec {spec.dtype}")
         if shape[1:] != spec.shape or len(shape) != len(spec.shape) + 1:
-            raise WireError(f"{where}: shape {list(shape)} differs from the handshake spec [num_envs] + {list(spec.shape)}")
+            raise WireError(f"{where}: shape {list(shape)} differs from the handshake spec [num_envs] + "
+                            f"{list(spec.shape)}")
     if batch is not None and (not shape or shape[0] != batch):
         raise WireError(f"{where}: first dimension of {list(shape)} should be the {batch} envs in the message")
     expected_bytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if len(msg.data) != expected_bytes:
-        raise WireError(f"{where}: {len(msg.data)} bytes of data where shape {list(shape)} of {dtype} needs {expected_bytes}")
+        raise WireError(f"{where}: {len(msg.data)} bytes of data where shape {list(shape)} of {dtype} needs "
+                        f"{expected_bytes}")
     return np.frombuffer(msg.data, dtype=dtype).reshape(shape)
 
 
-def decode_all(msgs: Sequence[pb.Tensor], specs: Specs, batch: int, field: str) -> dict[str, np.ndarray]:
-    """Decodes exactly the tensors named by `specs`; a missing, extra or repeated name is an error."""
+def decode_all(msgs: Sequence[pb.Tensor], specs: Specs, batch: int, field: str,
+               env_indices: np.ndarray | None = None) -> dict[str, np.ndarray]:
+    """Decodes exactly the tensors named by `specs`; a missing, extra or repeated name is an
+    error, and so is a NaN or infinity in a float tensor (named by its env, `env_indices[row]`)."""
     by_name = {spec.name: spec for spec in specs}
     out: dict[str, np.ndarray] = {}
     for msg in msgs:
@@ -142,7 +155,26 @@ def decode_all(msgs: Sequence[pb.Tensor], specs: Specs, batch: int, field: str) 
             raise WireError(f"{field} {msg.name!r} is not in the handshake spec (expected {sorted(by_name)})")
         if msg.name in out:
             raise WireError(f"{field} {msg.name!r} appears twice")
-        out[msg.name] = decode(msg, by_name[msg.name], batch, field)
+        spec = by_name[msg.name]
+        array = decode(msg, spec, batch, field)
+        rows = array.reshape(len(array), -1)
+
+        def env(row: int) -> int:
+            return int(env_indices[row]) if env_indices is not None else row
+
+        if array.dtype.kind == "f" and not np.isfinite(rows).all():
+            row = int(np.flatnonzero(~np.isfinite(rows).all(axis=1))[0])
+            raise WireError(f"{field} {msg.name!r}: env {env(row)} has a NaN or infinite value")
+        outside = np.zeros(rows.shape, bool)
+        if spec.low is not None:
+            outside |= rows < spec.low
+        if spec.high is not None:
+            outside |= rows > spec.high
+        if outside.any():
+            row = int(np.flatnonzero(outside.any(axis=1))[0])
+            raise WireError(f"{field} {msg.name!r}: env {env(row)} has {rows[row][outside[row]][0]}, outside "
+                            f"[{spec.low}, {spec.high}]")
+        out[msg.name] = array
     missing = by_name.keys() - out.keys()
     if missing:
         raise WireError(f"{field} {sorted(missing)} missing from the message")

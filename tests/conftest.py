@@ -1,12 +1,45 @@
-"""Shared test helpers: tests run against the installed package `fleetrl`."""
+"""Shared test fixtures. Tests run against the installed package `fleetrl`, over real gRPC and
+real processes; no test module imports another.
 
+- `running_learner(path, **config)`: a context manager serving a real Learner on a free port;
+  `serve(**config)` starts one that stops when the test ends.
+- `raw_actor(address)`: speaks the protocol message by message, so a test can send anything.
+- `wire`: builders of protocol messages (a handshake, a CartPole step).
+- `unroll_batch(problem, agent)`: real unrolls through the learner's own inference step.
+- `local_run`: starts `launch.local` in its own process and checks nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
 import os
+import pathlib
+import queue
+import subprocess
 import sys
+import threading
+import time
+import types
+import uuid
 
+import grpc
+import numpy as np
 import pytest
 import torch
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.env_state_store import build_state_store
+from fleetrl.learner.inference import InferenceStep, PolicyVersion, StepRequest
+from fleetrl.learner.learner import Learner
+from fleetrl.losses.batch import UnrollBatch
+from fleetrl.proto import PROTOCOL_VERSION
+from fleetrl.proto import learner_pb2 as pb
+from fleetrl.proto import learner_pb2_grpc as pb_grpc
+from fleetrl.proto.tensors import encode
+
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
@@ -18,3 +51,179 @@ def _small_torch():
 @pytest.fixture
 def python() -> str:
     return sys.executable
+
+
+@pytest.fixture
+def repo_root() -> pathlib.Path:
+    return REPO_ROOT
+
+
+# ----- a learner in this process -----
+
+@contextlib.contextmanager
+def _running_learner(path, **overrides):
+    config = LearnerConfig(bind="127.0.0.1:0", logdir=str(path / "logs"), summary_interval_s=0.5, **overrides)
+    learner = Learner(config)
+    thread = threading.Thread(target=learner.run, daemon=True)
+    thread.start()
+    try:
+        yield learner
+    finally:
+        learner.finish("test over")
+        thread.join(timeout=30)
+        assert not thread.is_alive(), "the learner did not stop"
+
+
+@pytest.fixture
+def running_learner():
+    return _running_learner
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """`serve(**config)` starts a learner that stops when the test ends. Ask for it before
+    `raw_actor`, so that the actors' streams close first and the learner stops at once."""
+    with contextlib.ExitStack() as stack:
+        count = iter(range(1000))
+        yield lambda **config: stack.enter_context(_running_learner(tmp_path / f"learner-{next(count)}", **config))
+
+
+class RawActor:
+    """Speaks the protocol message by message, so tests can send anything."""
+
+    def __init__(self, address: str):
+        self.channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.LearnerStub(self.channel)
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()
+        self._responses = self.stub.Stream(iter(self._requests.get, None))
+
+    def send(self, message: pb.ActorMessage) -> pb.LearnerMessage:
+        self._requests.put(message)
+        return next(self._responses)
+
+    def close(self):
+        self._requests.put(None)
+        self._responses.cancel()
+        self.channel.close()
+
+
+@pytest.fixture
+def raw_actor():
+    opened = []
+
+    def open_(address: str) -> RawActor:
+        opened.append(RawActor(address))
+        return opened[-1]
+
+    yield open_
+    for actor in opened:
+        actor.close()
+
+
+def handshake(actor_id="a", num_envs=2, problem="cartpole", obs_shape=(4,), obs_dtype=np.float32, action_shape=(),
+              extra_specs=()) -> pb.ActorMessage:
+    return pb.ActorMessage(handshake=pb.Handshake(
+        protocol_version=PROTOCOL_VERSION, problem=problem, actor_id=actor_id, num_envs=num_envs,
+        observation_spec=[pb.TensorSpec(name="observation", dtype=pb.FLOAT32 if obs_dtype == np.float32 else pb.FLOAT64,
+                                        shape=list(obs_shape))],
+        action_spec=[pb.TensorSpec(name="action", dtype=pb.INT64, shape=list(action_shape))],
+        extra_spec=list(extra_specs),
+    ))
+
+
+def cartpole_step(num_envs=2, run_ids=None, obs=None, rewards=None, env_indices=None, extras=None) -> pb.ActorMessage:
+    env_indices = list(range(num_envs)) if env_indices is None else env_indices
+    n = len(env_indices)
+    obs = np.zeros((n, 4), np.float32) if obs is None else obs
+    return pb.ActorMessage(step=pb.Step(
+        env_indices=env_indices, run_ids=run_ids or [i + 1 for i in range(n)],
+        observations=[obs if isinstance(obs, pb.Tensor) else encode("observation", obs)],
+        rewards=[1.0] * n if rewards is None else rewards, terminated=[False] * n, truncated=[False] * n,
+        extras=[encode(name, value) for name, value in (extras or {}).items()],
+    ))
+
+
+@pytest.fixture
+def wire():
+    """Protocol messages for a CartPole learner: `wire.handshake(...)`, `wire.cartpole_step(...)`."""
+    return types.SimpleNamespace(handshake=handshake, cartpole_step=cartpole_step)
+
+
+# ----- unrolls without gRPC -----
+
+@pytest.fixture
+def unroll_batch():
+    def make(problem, agent, unroll_length=5, num_envs=8) -> UnrollBatch:
+        """Real unrolls of random CartPole-shaped steps through the learner's own inference step."""
+        store = build_state_store(problem, agent, unroll_length, torch.device("cpu"))
+        unrolls = []
+        inference = InferenceStep(problem, agent, PolicyVersion(), store, lambda u: unrolls.append(u) or True,
+                                  torch.device("cpu"))
+        slots, run_ids = store.allocate(num_envs), np.arange(1, num_envs + 1, dtype=np.uint64)
+        rng = np.random.default_rng(0)
+        for _ in range(unroll_length + 1):
+            ended = rng.uniform(size=num_envs) < 0.1
+            observation = {"observation": rng.normal(size=(num_envs, 4)).astype(np.float32)}
+            inference([StepRequest(slots=slots, run_ids=run_ids, observation=observation, extras={},
+                                   reward=np.ones(num_envs, np.float32), terminated=ended,
+                                   truncated=np.zeros(num_envs, bool))])
+        return UnrollBatch.collate(unrolls)
+
+    return make
+
+
+# ----- launch.local in its own process -----
+
+class LocalRuns:
+    """Every launcher started here carries a unique environment tag that its children
+    inherit, so `finish` can check that no process of the run is left behind."""
+
+    @staticmethod
+    def processes_tagged(tag: str) -> list[int]:
+        found = []
+        for proc in pathlib.Path("/proc").iterdir():
+            if proc.name.isdigit():
+                try:
+                    if f"FLEETRL_TEST_TAG={tag}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                        found.append(int(proc.name))
+                except OSError:
+                    pass
+        return found
+
+    def start(self, logdir, *flags, pythonpath=None, cwd=None) -> tuple[subprocess.Popen, str]:
+        tag = uuid.uuid4().hex
+        env = {**os.environ, "FLEETRL_TEST_TAG": tag, "PYTHONUNBUFFERED": "1"}
+        if pythonpath:
+            env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")])
+        process = subprocess.Popen(
+            [sys.executable, "-m", "fleetrl.launch.local", f"--logdir={logdir}", "--progress_interval_s=0.5", *flags],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd or REPO_ROOT)
+        return process, tag
+
+    def finish(self, process: subprocess.Popen, tag: str, timeout: float = 600) -> tuple[int, str]:
+        output, _ = process.communicate(timeout=timeout)
+        deadline = time.monotonic() + 10
+        while self.processes_tagged(tag) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert self.processes_tagged(tag) == [], f"processes left behind:\n{output}"
+        return process.returncode, output
+
+    def train_to_target(self, logdir, *flags, **kwargs) -> dict:
+        """Runs launch.local, checks it exited 0 having reached --target_mean_return; returns summary.json."""
+        process, tag = self.start(logdir, *flags, **kwargs)
+        code, output = self.finish(process, tag)
+        assert code == 0, output
+        summary = json.loads((pathlib.Path(logdir) / "summary.json").read_text())
+        assert summary["target_reached"], output
+        return summary
+
+    @staticmethod
+    def read_scalars(logdir) -> dict[str, list[float]]:
+        events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+        events.Reload()
+        return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+
+
+@pytest.fixture
+def local_run() -> LocalRuns:
+    return LocalRuns()

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from fleetrl.envs.action_chunks import ActionChunks
-from fleetrl.learner.unroll import UnrollBatch
 from fleetrl.losses.algorithms import PPO, VTrace
+from fleetrl.losses.batch import UnrollBatch
 from fleetrl.losses.chunks import action_level_gae, align_advantages, executed_mask, loss_mask, reduce_log_probs
 from fleetrl.losses.config import LossConfig
 from fleetrl.losses.gae import gae
@@ -67,6 +67,10 @@ def test_box_actions_chunk_into_a_stacked_box_and_wrong_chunks_are_refused():
 def test_the_actor_env_of_a_chunked_problem_and_its_specs():
     problem = load_problem("pendulum", {"chunk_size": "3"})
     assert [(s.name, s.shape) for s in problem.action_specs()] == [("action", (3, 1))]
+    # Each step's per-action rewards and actions run travel as extras.
+    assert [(s.name, s.dtype, s.shape, s.high) for s in problem.extra_specs()] == [
+        ("action_rewards", np.float32, (3,), None), ("actions_executed", np.int64, (), 3)]
+    assert load_problem("pendulum", {}).extra_specs() == ()
     assert isinstance(problem.make_actor_env(), ActionChunks)
     assert not isinstance(load_problem("pendulum", {}).make_actor_env(), ActionChunks)
 
@@ -165,7 +169,8 @@ def test_action_level_gae_of_one_action_chunks_is_plain_gae():
     rng = np.random.default_rng(1)
     steps, batch = 8, 5
     terminated, truncated, executed = consistent_episode_ends(rng, steps, batch, 1)
-    rewards, values, bootstrap = rng.normal(size=(steps, batch)), rng.normal(size=(steps, batch)), rng.normal(size=batch)
+    rewards, values = rng.normal(size=(steps, batch)), rng.normal(size=(steps, batch))
+    bootstrap = rng.normal(size=batch)
     valid = torch.tensor(~(terminated | truncated)[:-1], dtype=torch.float64)
     discounts = torch.tensor(0.9 * ~terminated[1:])
     plain = gae(torch.tensor(rewards), discounts, torch.tensor(values), torch.tensor(bootstrap), 0.8, valid)
@@ -195,15 +200,13 @@ def chunked_batch(steps=6, batch=4, chunk=3, seed=0) -> UnrollBatch:
     executed = np.concatenate([np.zeros((1, batch), np.int64), executed])
     action_rewards *= np.arange(chunk) < executed[..., None]
     t = lambda x, dtype=torch.float32: torch.tensor(np.asarray(x), dtype=dtype)  # noqa: E731
-    zeros = torch.zeros(steps + 1, batch)
     return UnrollBatch(
         observation={}, action={"action": torch.zeros(steps + 1, batch, chunk, dtype=torch.int64)},
+        extras={"action_rewards": t(action_rewards), "actions_executed": t(executed, torch.int64)},
         first=torch.zeros(steps + 1, batch, dtype=torch.bool), reward=t(action_rewards.sum(-1)),
         terminated=t(terminated, torch.bool), truncated=t(truncated, torch.bool),
         behaviour_log_prob=torch.randn(steps + 1, batch, chunk, 2), behaviour_value=torch.randn(steps + 1, batch),
-        policy_version=torch.zeros(steps + 1, batch, dtype=torch.int64),
-        teacher_forcing=torch.zeros(steps + 1, batch, dtype=torch.bool), slot=zeros.long(), episode_index=zeros.long(),
-        initial_state=(), action_rewards=t(action_rewards), actions_executed=t(executed, torch.int64),
+        policy_version=torch.zeros(steps + 1, batch, dtype=torch.int64), initial_state=(),
     )
 
 
@@ -235,7 +238,7 @@ def test_ppo_trains_only_on_actions_that_ran(reward_type, logprob_type):
     loss, logs = algorithm.rl_loss(problem, outputs, batch, prepared)
     assert torch.isfinite(loss) and all(torch.isfinite(v) for v in logs.values())
     loss.backward()
-    ran = executed_mask(batch.actions_executed[1:], 3)[..., None] * prepared["valid"][..., None, None]
+    ran = executed_mask(batch.extras["actions_executed"][1:], 3)[..., None] * prepared["valid"][..., None, None]
     grad = tokens.grad[:-1]
     assert torch.all(grad[ran.expand_as(grad) == 0] == 0), "an action that never ran got a gradient"
     assert grad[ran.expand_as(grad) == 1].abs().sum() > 0
@@ -260,6 +263,6 @@ def test_chunked_vtrace_sums_each_chunks_log_probs_over_the_actions_that_ran():
     algorithm = VTrace()
     loss, _ = algorithm.rl_loss(problem, outputs, batch, algorithm.prepare(problem, batch))
     loss.backward()
-    ran = executed_mask(batch.actions_executed[1:], 3)[..., None].expand(-1, -1, -1, 2)
+    ran = executed_mask(batch.extras["actions_executed"][1:], 3)[..., None].expand(-1, -1, -1, 2)
     assert torch.all(tokens.grad[:-1][ran == 0] == 0) and tokens.grad[:-1][ran == 1].abs().sum() > 0
 

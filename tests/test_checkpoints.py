@@ -16,33 +16,29 @@ from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
 from fleetrl.problems import load_problem
 
-from helpers import running_learner
-
 
 def learner_on(logdir, **overrides) -> Learner:
     return Learner(LearnerConfig(bind="127.0.0.1:0", logdir=str(logdir), **overrides))
 
 
-def train_a_little(learner: Learner) -> None:
+def train_a_little(learner: Learner, unroll_batch) -> None:
     """A few real optimizer steps, so the optimizer has state and the counters move."""
-    from test_trainer import batch_of_unrolls
-
     for _ in range(3):
-        learner.scalars.add_all(learner.trainer.update(batch_of_unrolls(learner.problem, learner.agent)))
+        learner.scalars.add_all(learner.trainer.update(unroll_batch(learner.problem, learner.agent)))
     learner.inference.env_steps += 1234
     learner.episodes.total += 7
 
 
-def test_a_restarted_learner_resumes_weights_optimizer_counters_and_rng(tmp_path):
+def test_a_restarted_learner_resumes_weights_optimizer_counters_and_rng(tmp_path, unroll_batch):
     first = learner_on(tmp_path)
-    train_a_little(first)
-    first.save_checkpoint()
+    train_a_little(first, unroll_batch)
+    first.run_state.save()
     saved_optimizer = first.optimizer.state_dict()
     first.server.stop(0)
 
     second = learner_on(tmp_path)
     assert second.resumed_from is not None and second.resumed_from.endswith("ckpt-0000000003.pt")
-    assert (second.trainer.steps, second.policy.version) == (3, 3)
+    assert second.policy.version == 3
     assert (second.inference.env_steps, second.episodes.total) == (first.inference.env_steps, 7)
     for name, value in first.agent.state_dict().items():
         assert torch.equal(second.agent.state_dict()[name], value), name
@@ -55,27 +51,27 @@ def test_a_restarted_learner_resumes_weights_optimizer_counters_and_rng(tmp_path
     second.server.stop(0)
 
 
-def test_checkpoints_load_without_pickled_code_and_only_the_last_k_are_kept(tmp_path):
+def test_checkpoints_load_without_pickled_code_and_only_the_last_k_are_kept(tmp_path, unroll_batch):
     learner = learner_on(tmp_path, keep_checkpoints=2)
     for _ in range(4):
-        train_a_little(learner)
-        learner.save_checkpoint()
+        train_a_little(learner, unroll_batch)
+        learner.run_state.save()
     learner.server.stop(0)
     paths = CheckpointDir(str(tmp_path / "checkpoints")).periodic()
     assert [os.path.basename(p) for p in paths] == ["ckpt-0000000009.pt", "ckpt-0000000012.pt"]
     checkpoint = torch.load(paths[-1], weights_only=True)
-    assert checkpoint["problem"] == "cartpole" and checkpoint["trainer_steps"] == 12
+    assert checkpoint["problem"] == "cartpole" and checkpoint["policy_version"] == 12
     assert checkpoint["learner_config"]["keep_checkpoints"] == 2 and "optimizer" in checkpoint
 
 
-def test_warm_start_and_export_round_trip(tmp_path):
+def test_warm_start_and_export_round_trip(tmp_path, unroll_batch):
     source = learner_on(tmp_path / "a")
-    train_a_little(source)
-    path = source.save_checkpoint()
+    train_a_little(source, unroll_batch)
+    path = source.run_state.save()
     source.server.stop(0)
 
     warm = learner_on(tmp_path / "b", init_checkpoint=path)
-    assert warm.resumed_from is None and warm.trainer.steps == 0 and warm.inference.env_steps == 0
+    assert warm.resumed_from is None and warm.policy.version == 0 and warm.inference.env_steps == 0
     observation = {"observation": torch.randn(5, 4)}
     first = torch.ones(5, dtype=torch.bool)
     with torch.no_grad():
@@ -96,7 +92,7 @@ def test_warm_start_and_export_round_trip(tmp_path):
 
 def test_checkpoints_that_do_not_fit_are_refused_by_name(tmp_path):
     learner = learner_on(tmp_path / "run")
-    path = learner.save_checkpoint()
+    path = learner.run_state.save()
     learner.server.stop(0)
     with pytest.raises(CheckpointError, match="written by problem 'cartpole', not 'grid_nav'"):
         learner_on(tmp_path / "other", problem="grid_nav", init_checkpoint=path)
@@ -119,7 +115,7 @@ SAVER = textwrap.dedent("""
     print("ready", flush=True)
     while True:
         step += 1
-        checkpoints.save({"format": 1, "problem": "p", "model": {"w": weights + step}, "trainer_steps": step})
+        checkpoints.save({"format": 2, "problem": "p", "model": {"w": weights + step}, "policy_version": step})
 """)
 
 
@@ -137,13 +133,13 @@ def test_sigkill_during_saves_never_breaks_the_latest_checkpoint(tmp_path):
         if latest is None:
             continue
         checkpoint = load_checkpoint(latest)
-        step = checkpoint["trainer_steps"]
+        step = checkpoint["policy_version"]
         assert torch.all(checkpoint["model"]["w"] == step), "a checkpoint holds another save's data"
         assert os.path.basename(latest) == f"ckpt-{step:010d}.pt"
     assert step > 0, "no save ever completed"
 
 
-def test_a_learner_writes_a_final_checkpoint_when_the_run_ends(tmp_path):
+def test_a_learner_writes_a_final_checkpoint_when_the_run_ends(tmp_path, running_learner):
     with running_learner(tmp_path, checkpoint_interval_s=0) as learner:
         assert CheckpointDir(os.path.join(learner.config.logdir, "checkpoints")).latest() is None
     assert CheckpointDir(os.path.join(learner.config.logdir, "checkpoints")).latest() is not None

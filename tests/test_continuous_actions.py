@@ -57,7 +57,7 @@ def test_the_problem_takes_its_bounds_from_the_action_space():
     agent = problem.make_agent()
     out, _ = agent.step({"observation": torch.randn(64, 3)}, torch.ones(64, dtype=torch.bool), ())
     out["action_mean"] = out["action_mean"] + 5  # push the policy against the upper bound
-    actions = problem.select_actor_action(out, {})["action"]
+    actions = problem.select_actor_action(out, {}, {})["action"]
     assert actions.shape == (64, 1) and actions.dtype == torch.float32
     assert actions.max().item() == 2.0 and actions.min().item() >= -2.0
     assert torch.isfinite(problem.action_log_prob(out, {"action": actions})).all()

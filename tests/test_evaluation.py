@@ -64,7 +64,7 @@ def checkpoint_of_an_untrained(tmp_path, problem, **hparams):
 
     learner = Learner(LearnerConfig(problem=problem, bind="127.0.0.1:0", logdir=str(tmp_path / "run"),
                                     hparams=hparams))
-    path = learner.save_checkpoint()
+    path = learner.run_state.save()
     learner.server.stop(0)
     return path
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import pathlib
 import signal
 import socket
 import subprocess
@@ -16,7 +17,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
 
-from conftest import REPO_ROOT
+REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 
 
 class Fleet:

@@ -11,18 +11,16 @@ from fleetrl.actor.config import ActorConfig
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto.tensors import encode
 
-from helpers import cartpole_step, handshake, running_learner
-
 LIMIT_MB = 1
 NUM_ENVS = 2
 
 
 def with_step(mutate):
     """A handshake, then a valid CartPole step that `mutate(step, rng)` spoils."""
-    def make(rng):
-        message = cartpole_step(NUM_ENVS, obs=rng.normal(size=(NUM_ENVS, 4)).astype(np.float32))
+    def make(wire, rng):
+        message = wire.cartpole_step(NUM_ENVS, obs=rng.normal(size=(NUM_ENVS, 4)).astype(np.float32))
         mutate(message.step, rng)
-        return [handshake(actor_id=f"fuzz-{rng.integers(1 << 62)}", num_envs=NUM_ENVS), message]
+        return [wire.handshake(actor_id=f"fuzz-{rng.integers(1 << 62)}", num_envs=NUM_ENVS), message]
     return make
 
 
@@ -45,8 +43,14 @@ def oversize(step, rng):
     step.observations[0].data = bytes(int(rng.integers(LIMIT_MB << 20, 3 * LIMIT_MB << 20)))
 
 
-def garbage_after_handshake(rng):
-    return [handshake(actor_id=f"fuzz-{rng.integers(1 << 62)}"), rng.bytes(int(rng.integers(1, 200)))]
+def garbage_after_handshake(wire, rng):
+    return [wire.handshake(actor_id=f"fuzz-{rng.integers(1 << 62)}"), rng.bytes(int(rng.integers(1, 200)))]
+
+
+def non_finite_observation(step, rng):
+    array = rng.normal(size=(NUM_ENVS, 4)).astype(np.float32)
+    array[int(rng.integers(NUM_ENVS)), int(rng.integers(4))] = rng.choice([np.nan, np.inf, -np.inf])
+    set_observation(step, array)
 
 
 CASES = {
@@ -63,13 +67,17 @@ CASES = {
     "run id 0": with_step(lambda s, rng: s.run_ids.__setitem__(0, 0)),
     "unknown dtype": with_step(lambda s, rng: setattr(s.observations[0], "dtype", int(rng.integers(10, 1000)))),
     "extra tensor": with_step(lambda s, rng: s.observations.append(encode("extra", np.zeros((NUM_ENVS, 1))))),
-    "chunk results without chunks": with_step(lambda s, rng: s.actions_executed.extend([1] * NUM_ENVS)),
+    "undeclared extra": with_step(lambda s, rng: s.extras.append(encode("action_rewards", np.zeros((NUM_ENVS, 3))))),
+    "non-finite observation": with_step(non_finite_observation),
     "non-finite episode metric": with_step(lambda s, rng: s.finished_episodes.append(
         pb.EpisodeStats(env_index=0, metrics={"return": float("nan")}))),
     "oversize message": with_step(oversize),
-    "step before handshake": lambda rng: [cartpole_step(NUM_ENVS)],
-    "repeated handshake": lambda rng: [handshake(actor_id=f"fuzz-{rng.integers(1 << 62)}")] * 2,
-    "unparsable first message": lambda rng: [b"\xff" * 11 + rng.bytes(int(rng.integers(0, 50)))],
+    "step before handshake": lambda wire, rng: [wire.cartpole_step(NUM_ENVS)],
+    "repeated handshake": lambda wire, rng: [wire.handshake(actor_id=f"fuzz-{rng.integers(1 << 62)}")] * 2,
+    "empty message": lambda wire, rng: [pb.ActorMessage()],
+    "empty message after the handshake": lambda wire, rng: [wire.handshake(actor_id=f"fuzz-{rng.integers(1 << 62)}"),
+                                                            pb.ActorMessage()],
+    "unparsable first message": lambda wire, rng: [b"\xff" * 11 + rng.bytes(int(rng.integers(0, 50)))],
     "garbage after the handshake": garbage_after_handshake,
 }
 
@@ -92,7 +100,7 @@ def send(channel, messages) -> tuple[grpc.StatusCode, str]:
         responses.cancel()
 
 
-def test_a_thousand_malformed_messages_are_each_rejected_while_a_good_actor_trains(tmp_path):
+def test_a_thousand_malformed_messages_are_each_rejected_while_a_good_actor_trains(tmp_path, running_learner, wire):
     rng = np.random.default_rng(0)
     with running_learner(tmp_path, max_message_mb=LIMIT_MB, batch_size=4, unroll_length=10) as learner:
         good = Actor(ActorConfig(learner_address=learner.address, num_envs=8, actor_id="good"))
@@ -100,25 +108,29 @@ def test_a_thousand_malformed_messages_are_each_rejected_while_a_good_actor_trai
         thread = threading.Thread(target=lambda: _run(good, errors))
         thread.start()
         try:
-            while learner.trainer.steps < 3:
+            while learner.policy.version < 3:
                 assert thread.is_alive(), errors
                 threading.Event().wait(0.05)
-            steps_before = learner.trainer.steps
+            steps_before = learner.policy.version
             names = sorted(CASES)
             channel = grpc.insecure_channel(learner.address, options=[
                 ("grpc.max_send_message_length", 8 << 20)])
             seen = {}
             for i in range(1100):
                 name = names[i % len(names)] if i < len(names) else names[int(rng.integers(len(names)))]
-                code, details = send(channel, CASES[name](rng))
+                code, details = send(channel, CASES[name](wire, rng))
                 assert code == grpc.StatusCode.INVALID_ARGUMENT, (name, code, details)
                 seen[name] = details
             channel.close()
             assert learner.service.rejected_messages == 1100
             assert "over the limit of 1,048,576" in seen["oversize message"]
             assert "not a valid ActorMessage" in seen["unparsable first message"]
+            assert "an empty ActorMessage" in seen["empty message"]
+            assert "an empty ActorMessage" in seen["empty message after the handshake"]
+            assert "'observation': env" in seen["non-finite observation"] and "NaN or infinite" in seen[
+                "non-finite observation"]
             # The good actor was served all along, and the trainer kept going.
-            assert thread.is_alive() and learner.trainer.steps > steps_before
+            assert thread.is_alive() and learner.policy.version > steps_before
             assert learner.service.connected_actors == 1
         finally:
             learner.finish("test over")

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from fleetrl.envs.vector import make_vector_env
-from fleetrl.learner.group_scores import GroupScores
+from fleetrl.losses.batch import Unroll
+from fleetrl.losses.group_advantages import GroupAdvantages
 
 T = 3
 
@@ -31,39 +32,49 @@ def test_members_of_a_group_reset_identically_episode_after_episode():
         make_vector_env(lambda: gym.make("CartPole-v1"), 6, group_size=4)
 
 
-def unroll_for(slot, episodes, ended):
-    """A minimal unroll of T+1 steps of `slot`, as the state store emits them."""
-    return ({"slot": torch.full((T + 1,), slot), "episode_index": torch.tensor(episodes),
-             "terminated": torch.tensor(ended), "truncated": torch.zeros(T + 1, dtype=torch.bool)}, ())
+def unroll_for(slot, index, first, reward, ended):
+    """An unroll of T+1 steps of `slot`, as the state store emits them (index 0: its first)."""
+    return Unroll(slot=slot, run_id=1, index=index, initial_state=(), steps={
+        "first": torch.tensor(first), "reward": torch.tensor(reward, dtype=torch.float32),
+        "terminated": torch.tensor(ended), "truncated": torch.zeros(T + 1, dtype=torch.bool)})
 
 
 def test_returns_are_normalized_within_the_group_and_unrolls_wait_for_them():
-    emitted = []
-    scores = GroupScores(group_size=2, emit=lambda u: emitted.append(u) or True)
+    hook = GroupAdvantages(group_size=2)
     slots = np.array([10, 11, 12, 13])  # groups (10, 11) and (12, 13)
-    scores.add_actor(slots)
-    yes, no = np.ones(4, bool), np.zeros(4, bool)
-    scores.observe(slots, yes, np.zeros(4), no)  # episode 0 starts everywhere
-    scores.observe(slots, no, np.array([1.0, 3.0, 2.0, 2.0]), no)
-    # Slot 10's unroll covers episode 0 only; it must wait for its group.
-    assert scores.hold(unroll_for(10, [0, 0, 0, 0], [False] * 4)) and emitted == []
-    scores.observe(slots[:1], no[:1], np.array([1.0]), yes[:1])  # slot 10 ends with return 2
-    assert emitted == []  # slot 11 is still playing
-    scores.observe(slots[1:2], no[:1], np.array([5.0]), yes[:1])  # slot 11 ends with return 8
-    assert len(emitted) == 1
+    hook.actor_joined(slots)
+    # Slot 10's first unroll covers episode 0 only; it must wait for its group.
+    assert hook.process(unroll_for(10, 0, [True, False, False, False], [0, 1, 0, 0], [False] * 4)) == []
+    # Slot 10's episode ends with return 1 + 1 = 2, and episode 1 starts; slot 11 is still playing.
+    assert hook.process(unroll_for(10, 1, [False, False, True, False], [0, 1, 0, 0], [False, True, False, False])) == []
+    # Slot 11 ends with return 3 + 5 = 8: both of slot 10's unrolls and this one are released.
+    released = hook.process(unroll_for(11, 0, [True, False, False, False], [0, 3, 5, 0], [False, False, True, False]))
+    assert [(u.slot, u.index) for u in released] == [(10, 0), (11, 0)]  # (10, 1) waits for episode 1
     expected = (2.0 - 5.0) / (3.0 + 1e-6)  # mean 5, population std 3
-    assert emitted[0][0]["group_advantage"].tolist() == pytest.approx([expected] * 4)
+    assert released[0].extras["group_advantage"].tolist() == pytest.approx([expected] * 4)
+    assert released[1].extras["group_advantage"].tolist()[:3] == pytest.approx([-expected] * 3)
+    # Slot 10's second unroll, holding the start of episode 1, waits for that episode's score.
+    assert hook.process(unroll_for(10, 2, [False] * 4, [0] * 4, [False] * 4)) == []
     # The other group ties: both advantages are zero.
-    scores.observe(slots[2:], no[2:], np.zeros(2), yes[2:])
-    assert scores.hold(unroll_for(12, [0, 0, 0, 0], [False] * 4))
-    assert emitted[-1][0]["group_advantage"].tolist() == [0.0] * 4
+    assert hook.process(unroll_for(12, 0, [True, False, False, False], [0, 2, 0, 0], [False, False, False, True])) == []
+    tied = hook.process(unroll_for(13, 0, [True, False, False, False], [0, 0, 2, 0], [False, False, False, True]))
+    assert [u.slot for u in tied] == [12, 13]
+    assert all(u.extras["group_advantage"].tolist() == [0.0] * 4 for u in tied)
 
 
 def test_a_leaving_actor_drops_its_waiting_unrolls():
-    scores = GroupScores(group_size=2, emit=lambda u: True)
+    hook = GroupAdvantages(group_size=2)
     slots = np.array([0, 1])
-    scores.add_actor(slots)
-    scores.observe(slots, np.ones(2, bool), np.zeros(2), np.zeros(2, bool))
-    scores.hold(unroll_for(0, [0, 0, 0, 0], [False] * 4))
-    scores.remove_actor(slots)
-    assert scores.dropped_unrolls == 1
+    hook.actor_joined(slots)
+    hook.process(unroll_for(0, 0, [True, False, False, False], [0, 1, 1, 1], [False] * 4))
+    hook.actor_left(slots)
+    assert hook.dropped_unrolls == 1
+    assert hook.process(unroll_for(0, 1, [False] * 4, [1] * 4, [False] * 4)) == []  # late: its actor has left
+    assert hook.dropped_unrolls == 2
+
+
+def test_grpo_refuses_groups_of_one_and_actors_whose_envs_split_a_group():
+    with pytest.raises(ValueError, match="GRPO needs groups of at least 2 envs"):
+        GroupAdvantages(group_size=1)
+    hook = GroupAdvantages(group_size=4)
+    assert hook.admit(8) is None and "not a multiple of group_size 4" in hook.admit(6)

@@ -218,21 +218,21 @@ def test_each_task_is_a_registered_problem_with_an_image_agent(name):
 
 
 @pytest.mark.slow
-def test_numberline_is_learned_from_pixels_through_the_whole_system(tmp_path):
+def test_numberline_is_learned_from_pixels_through_the_whole_system(tmp_path, local_run):
     """PPO from 32x32 images, real learner and actors. The deterministic policy of a fresh
     agent succeeds on about half the episodes (always "+" or always "-"), a random one on
     about a quarter; the published CNN baseline reaches 87%."""
-    from test_launch_local import finish, start_local
 
-    process, tag = start_local(tmp_path, "--problem=gym_cards/numberline", "--seed=0", "--total_env_steps=30000",
+    process, tag = local_run.start(tmp_path, "--problem=gym_cards/numberline", "--seed=0", "--total_env_steps=30000",
                                "--num_eval_actors=1", "--eval_interval_s=10")
-    code, output = finish(process, tag)
+    code, output = local_run.finish(process, tag)
     assert code == 0, output
     best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
     # The Problem's learner_defaults reached the learner, since no flag set them.
     assert best["learner_config"]["block_inference_on_training"] is True
     assert best["learner_config"]["batch_size"] == 32
-    result = subprocess.run([sys.executable, "-m", "fleetrl.launch.evaluate", f"--checkpoint={tmp_path / 'checkpoints' / 'best.pt'}",
+    result = subprocess.run([sys.executable, "-m", "fleetrl.launch.evaluate",
+                             f"--checkpoint={tmp_path / 'checkpoints' / 'best.pt'}",
                              "--episodes=300", "--num_envs=32", f"--output={tmp_path / 'eval-300'}"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr

@@ -6,82 +6,30 @@ so the tests can check that no process of the run is left behind.
 
 import json
 import math
-import os
 import pathlib
 import signal
 import subprocess
 import sys
 import textwrap
 import time
-import uuid
 
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from conftest import REPO_ROOT
-
-
-def processes_tagged(tag: str) -> list[int]:
-    found = []
-    for proc in pathlib.Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if f"FLEETRL_TEST_TAG={tag}".encode() in (proc / "environ").read_bytes().split(b"\0"):
-                    found.append(int(proc.name))
-            except OSError:
-                pass
-    return found
-
-
-def start_local(logdir, *flags, pythonpath=None, cwd=None):
-    tag = uuid.uuid4().hex
-    env = {**os.environ, "FLEETRL_TEST_TAG": tag, "PYTHONUNBUFFERED": "1"}
-    if pythonpath:
-        env["PYTHONPATH"] = os.pathsep.join([str(pythonpath), env.get("PYTHONPATH", "")])
-    process = subprocess.Popen(
-        [sys.executable, "-m", "fleetrl.launch.local", f"--logdir={logdir}", "--progress_interval_s=0.5", *flags],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=cwd or REPO_ROOT)
-    return process, tag
-
-
-def finish(process, tag, timeout=600):
-    output, _ = process.communicate(timeout=timeout)
-    deadline = time.monotonic() + 10
-    while processes_tagged(tag) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert processes_tagged(tag) == [], f"processes left behind:\n{output}"
-    return process.returncode, output
-
-
-def train_to_target(logdir, *flags, **kwargs) -> dict:
-    """Runs launch.local, checks it exited 0 having reached --target_mean_return; returns summary.json."""
-    process, tag = start_local(logdir, *flags, **kwargs)
-    code, output = finish(process, tag)
-    assert code == 0, output
-    summary = json.loads((pathlib.Path(logdir) / "summary.json").read_text())
-    assert summary["target_reached"], output
-    return summary
-
-
-def read_scalars(logdir) -> dict[str, list[float]]:
-    events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
-    events.Reload()
-    return {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
-
 
 @pytest.mark.slow
-def test_cartpole_learns_and_writes_summaries(tmp_path):
+def test_cartpole_learns_and_writes_summaries(tmp_path, local_run):
     """V-trace through the whole system, for real: a random policy averages about 22."""
-    process, tag = start_local(tmp_path, "--problem=cartpole", "--num_actors=2", "--envs_per_actor=16", "--seed=1",
+    process, tag = local_run.start(tmp_path, "--problem=cartpole", "--num_actors=2", "--envs_per_actor=16", "--seed=1",
                                "--total_env_steps=600000", "--target_mean_return=400", "--summary_interval_s=1")
-    code, output = finish(process, tag)
+    code, output = local_run.finish(process, tag)
     assert code == 0, output
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["target_reached"] and summary["mean_episode_return"] >= 400, output
     assert "tensorboard --logdir" in output and "env steps" in output
 
-    scalars = read_scalars(tmp_path)
+    scalars = local_run.read_scalars(tmp_path)
     for name in ["loss/total", "loss/policy", "loss/baseline", "loss/entropy", "policy/entropy",
                  "optim/learning_rate", "optim/grad_norm", "throughput/env_steps_per_s",
                  "throughput/learner_steps_per_s", "inference/mean_batch_size", "inference/latency_ms",
@@ -95,20 +43,20 @@ def test_cartpole_learns_and_writes_summaries(tmp_path):
 
 
 @pytest.mark.slow
-def test_ppo_solves_cartpole_within_500k_env_steps(tmp_path):
-    train_to_target(tmp_path, "--problem=cartpole", "--hparams=algorithm=ppo", "--seed=1", "--batch_size=32",
+def test_ppo_solves_cartpole_within_500k_env_steps(tmp_path, local_run):
+    local_run.train_to_target(tmp_path, "--problem=cartpole", "--hparams=algorithm=ppo", "--seed=1", "--batch_size=32",
                     "--unroll_length=16", "--block_inference_on_training", "--total_env_steps=500000",
                     "--target_mean_return=475", "--summary_interval_s=1")
-    scalars = read_scalars(tmp_path)
+    scalars = local_run.read_scalars(tmp_path)
     for name in ["ppo/approx_kl", "ppo/clip_fraction", "value/explained_variance", "loss/value", "learner/policy_lag"]:
         assert scalars.get(name) and all(math.isfinite(v) for v in scalars[name]), name
     assert max(scalars["value/explained_variance"]) > 0.5
 
 
 @pytest.mark.slow
-def test_a_gaussian_policy_learns_pendulum(tmp_path):
+def test_a_gaussian_policy_learns_pendulum(tmp_path, local_run):
     """Continuous actions with PPO; a random policy averages about -1,250."""
-    train_to_target(tmp_path, "--problem=pendulum", "--seed=1", "--envs_per_actor=16", "--batch_size=32",
+    local_run.train_to_target(tmp_path, "--problem=pendulum", "--seed=1", "--envs_per_actor=16", "--batch_size=32",
                     "--unroll_length=32", "--block_inference_on_training", "--total_env_steps=300000",
                     "--target_mean_return=-700")
 
@@ -121,37 +69,37 @@ def test_a_gaussian_policy_learns_pendulum(tmp_path):
     ("--problem=pendulum", "--hparams=chunk_size=2,reward_type=action_level,logprob_type=token_level",
      "--unroll_length=32", "--target_mean_return=-700"),
 ], ids=["cartpole", "pendulum"])
-def test_ppo_learns_with_action_chunks(tmp_path, flags):
-    train_to_target(tmp_path, *flags, "--seed=1", "--envs_per_actor=16", "--batch_size=32",
+def test_ppo_learns_with_action_chunks(tmp_path, flags, local_run):
+    local_run.train_to_target(tmp_path, *flags, "--seed=1", "--envs_per_actor=16", "--batch_size=32",
                     "--block_inference_on_training", "--total_env_steps=200000")
 
 
 @pytest.mark.slow
-def test_mixing_teacher_forcing_into_rl_beats_pure_rl_at_equal_env_steps(tmp_path):
+def test_mixing_teacher_forcing_into_rl_beats_pure_rl_at_equal_env_steps(tmp_path, local_run):
     """Grid navigation with a sparse reward: success of the policy's own (not forced) episodes."""
     success = {}
     for fraction in ("0.5", "0.0"):
         logdir = tmp_path / fraction
-        process, tag = start_local(logdir, "--problem=grid_nav", f"--hparams=teacher_forcing_fraction={fraction}",
+        process, tag = local_run.start(logdir, "--problem=grid_nav", f"--hparams=teacher_forcing_fraction={fraction}",
                                    "--seed=1", "--envs_per_actor=16", "--total_env_steps=40000",
                                    "--summary_interval_s=1")
-        code, output = finish(process, tag)
+        code, output = local_run.finish(process, tag)
         assert code == 0, output
         success[fraction] = json.loads((logdir / "summary.json").read_text())["mean_episode_return"]
         if fraction == "0.5":
-            assert read_scalars(logdir)["teacher/success"][-1] == 1.0  # forced episodes follow the oracle
+            assert local_run.read_scalars(logdir)["teacher/success"][-1] == 1.0  # forced episodes follow the oracle
     assert success["0.5"] >= 0.6 and success["0.5"] > success["0.0"] + 0.3, success
 
 
 @pytest.mark.slow
-def test_grpo_learns_cartpole_without_a_value_function(tmp_path):
-    train_to_target(tmp_path, "--problem=cartpole", "--hparams=algorithm=grpo,group_size=8", "--seed=1",
+def test_grpo_learns_cartpole_without_a_value_function(tmp_path, local_run):
+    local_run.train_to_target(tmp_path, "--problem=cartpole", "--hparams=algorithm=grpo,group_size=8", "--seed=1",
                     "--total_env_steps=400000", "--target_mean_return=200")
 
 
 @pytest.mark.slow
-def test_the_recurrent_agent_learns_through_the_learner_side_state(tmp_path):
-    train_to_target(tmp_path, "--problem=cartpole_lstm", "--num_actors=2", "--envs_per_actor=16", "--seed=1",
+def test_the_recurrent_agent_learns_through_the_learner_side_state(tmp_path, local_run):
+    local_run.train_to_target(tmp_path, "--problem=cartpole_lstm", "--num_actors=2", "--envs_per_actor=16", "--seed=1",
                     "--total_env_steps=500000", "--target_mean_return=100")
 
 
@@ -220,36 +168,37 @@ def user_package(tmp_path):
     return package
 
 
-def test_a_user_problem_trains_by_import_path(tmp_path, user_package):
+@pytest.mark.slow
+def test_a_user_problem_trains_by_import_path(tmp_path, user_package, local_run):
     logdir = tmp_path / "run"
-    process, tag = start_local(logdir, "--problem=my_pkg.sign:SignProblem", "--num_actors=2", "--envs_per_actor=8",
+    process, tag = local_run.start(logdir, "--problem=my_pkg.sign:SignProblem", "--num_actors=2", "--envs_per_actor=8",
                                "--total_env_steps=60000", "--target_mean_return=9.5", "--unroll_length=10",
                                "--summary_interval_s=1", pythonpath=user_package, cwd=tmp_path)
-    code, output = finish(process, tag, timeout=300)
+    code, output = local_run.finish(process, tag, timeout=300)
     assert code == 0, output
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["target_reached"], output  # random play scores 5 of 10
-    accuracy = read_scalars(logdir)["train/accuracy"]  # the Problem's own metric reaches TensorBoard
+    accuracy = local_run.read_scalars(logdir)["train/accuracy"]  # the Problem's own metric reaches TensorBoard
     assert accuracy and max(accuracy) > 0.9
 
 
-def test_a_crashing_actor_stops_the_run_and_leaves_no_process(tmp_path, user_package):
+def test_a_crashing_actor_stops_the_run_and_leaves_no_process(tmp_path, user_package, local_run):
     logdir = tmp_path / "run"
-    process, tag = start_local(logdir, "--problem=my_pkg.sign:SignProblem", "--hparams=crash_after=300",
+    process, tag = local_run.start(logdir, "--problem=my_pkg.sign:SignProblem", "--hparams=crash_after=300",
                                "--num_actors=2", "--envs_per_actor=4", pythonpath=user_package, cwd=tmp_path)
-    code, output = finish(process, tag, timeout=300)
+    code, output = local_run.finish(process, tag, timeout=300)
     assert code == 1
     assert "actor-" in output and "exited with code" in output and "the simulator crashed" in output
 
 
-def test_ctrl_c_stops_everything_cleanly(tmp_path):
-    process, tag = start_local(tmp_path, "--problem=cartpole", "--num_actors=2", "--envs_per_actor=4")
+def test_ctrl_c_stops_everything_cleanly(tmp_path, local_run):
+    process, tag = local_run.start(tmp_path, "--problem=cartpole", "--num_actors=2", "--envs_per_actor=4")
     deadline = time.monotonic() + 120
     while not (tmp_path / "learner_address").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
     time.sleep(3)  # let the actors connect and train a little
     process.send_signal(signal.SIGINT)
-    code, output = finish(process, tag, timeout=120)
+    code, output = local_run.finish(process, tag, timeout=120)
     assert code == 0, output
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["reason"] == "stopped by SIGTERM" and summary["env_steps"] > 0, output
@@ -260,11 +209,11 @@ PPO_CARTPOLE = ("--problem=cartpole", "--block_inference_on_training", "--batch_
 
 
 @pytest.mark.slow
-def test_eval_actors_write_eval_summaries_and_the_best_checkpoint_evaluates_alike(tmp_path):
-    process, tag = start_local(tmp_path, *PPO_CARTPOLE, "--hparams=algorithm=ppo,eval_episodes=10",
+def test_eval_actors_write_eval_summaries_and_the_best_checkpoint_evaluates_alike(tmp_path, local_run):
+    process, tag = local_run.start(tmp_path, *PPO_CARTPOLE, "--hparams=algorithm=ppo,eval_episodes=10",
                                "--num_eval_actors=1", "--eval_envs_per_actor=5", "--eval_interval_s=3",
                                "--total_env_steps=100000")
-    code, output = finish(process, tag)
+    code, output = local_run.finish(process, tag)
     assert code == 0, output
     rounds = [json.loads(line) for line in (tmp_path / "eval.jsonl").read_text().splitlines()]
     assert len(rounds) >= 3 and all(r["episodes"] == 10 for r in rounds)
@@ -274,13 +223,14 @@ def test_eval_actors_write_eval_summaries_and_the_best_checkpoint_evaluates_alik
     events.Reload()
     logged = {e.step: e.value for e in events.Scalars("eval/episode_return")}
     assert logged == {r["policy_version"]: pytest.approx(r["return"]) for r in rounds}
-    assert "eval/episode_return" not in read_scalars(tmp_path)  # eval stays out of train/ curves
+    assert "eval/episode_return" not in local_run.read_scalars(tmp_path)  # eval stays out of train/ curves
 
     best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
     assert best["eval_metrics"]["return"] == max(r["return"] for r in rounds)
     assert best["eval_metrics"]["return"] > 100  # it learned
     result = subprocess.run([sys.executable, "-m", "fleetrl.launch.evaluate",
-                             f"--checkpoint={tmp_path / 'checkpoints' / 'best.pt'}", f"--output={tmp_path / 'standalone'}"],
+                             f"--checkpoint={tmp_path / 'checkpoints' / 'best.pt'}",
+                             f"--output={tmp_path / 'standalone'}"],
                             capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     standalone = json.loads((tmp_path / "standalone" / "metrics.json").read_text())
@@ -290,9 +240,9 @@ def test_eval_actors_write_eval_summaries_and_the_best_checkpoint_evaluates_alik
 
 
 @pytest.mark.slow
-def test_a_restarted_run_continues_its_counters_and_curves_and_keeps_improving(tmp_path):
-    first = train_for(tmp_path, *PPO_CARTPOLE, "--hparams=algorithm=ppo", "--total_env_steps=30000")
-    second = train_for(tmp_path, *PPO_CARTPOLE, "--hparams=algorithm=ppo", "--total_env_steps=150000")
+def test_a_restarted_run_continues_its_counters_and_curves_and_keeps_improving(tmp_path, local_run):
+    first = train_for(local_run, tmp_path, *PPO_CARTPOLE, "--hparams=algorithm=ppo", "--total_env_steps=30000")
+    second = train_for(local_run, tmp_path, *PPO_CARTPOLE, "--hparams=algorithm=ppo", "--total_env_steps=150000")
     assert first["env_steps"] >= 30000 and second["env_steps"] >= 150000
     assert second["trainer_steps"] > first["trainer_steps"]
     assert "resumed from" in (tmp_path / "logs" / "learner.log").read_text()
@@ -311,8 +261,8 @@ def test_a_restarted_run_continues_its_counters_and_curves_and_keeps_improving(t
     assert values == sorted(values)  # the policy version carried on from the checkpoint
 
 
-def train_for(logdir, *flags) -> dict:
-    process, tag = start_local(logdir, *flags)
-    code, output = finish(process, tag)
+def train_for(local_run, logdir, *flags) -> dict:
+    process, tag = local_run.start(logdir, *flags)
+    code, output = local_run.finish(process, tag)
     assert code == 0, output
     return json.loads((pathlib.Path(logdir) / "summary.json").read_text())

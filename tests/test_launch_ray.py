@@ -19,7 +19,7 @@ import uuid
 
 import pytest
 
-ray = pytest.importorskip("ray", reason="the ray extra is part of make test's install")
+pytestmark = pytest.mark.slow  # a real two-node cluster
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}

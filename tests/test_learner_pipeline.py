@@ -90,16 +90,16 @@ def test_chunks_of_actions_reach_the_learner_with_each_actions_reward(serving_le
     learner = serving_learner("cartpole", "127.0.0.1:0", chunk_size="4")
     run_actors(learner, learner.address, num_actors=1, steps=3 * T + 1)
     batch = learner.unrolls.get_batch(learner.unrolls.qsize())
-    assert batch.action["action"].shape == (T + 1, 3 * 3, 4) and batch.action_rewards.shape == (T + 1, 3 * 3, 4)
-    torch.testing.assert_close(batch.action_rewards.sum(-1), batch.reward)
+    action_rewards, executed = batch.extras["action_rewards"], batch.extras["actions_executed"]
+    assert batch.action["action"].shape == (T + 1, 3 * 3, 4) and action_rewards.shape == (T + 1, 3 * 3, 4)
+    torch.testing.assert_close(action_rewards.sum(-1), batch.reward)
     ended = batch.terminated | batch.truncated
-    executed = batch.actions_executed
     assert torch.all(executed[batch.first] == 0)  # a reset runs no action
     assert torch.all(executed[~ended & ~batch.first] == 4)
     assert torch.all((executed[ended] >= 1) & (executed[ended] <= 4)) and torch.any(executed[ended] < 4)
     # Rewards of CartPole are 1 per action that ran, and 0 for the rest of a chunk.
     ran = torch.arange(4) < executed.unsqueeze(-1)
-    assert torch.all(batch.action_rewards[ran] == 1) and torch.all(batch.action_rewards[~ran] == 0)
+    assert torch.all(action_rewards[ran] == 1) and torch.all(action_rewards[~ran] == 0)
     with torch.no_grad():
         outputs, _ = learner.agent.unroll(batch.observation, batch.first, batch.initial_state)
         replayed = learner.problem.action_log_prob(outputs, batch.action)

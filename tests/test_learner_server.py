@@ -5,152 +5,148 @@ import numpy as np
 import pytest
 
 from fleetrl.proto import learner_pb2 as pb
-from fleetrl.proto.tensors import decode, encode
-
-from helpers import RawActor, cartpole_step, handshake, running_learner
+from fleetrl.proto.tensors import decode
 
 
 @pytest.fixture
-def learner(tmp_path):
-    with running_learner(tmp_path, hparams={"max_episode_steps": "200"}) as learner:
-        yield learner
+def learner(serve):
+    return serve(hparams={"max_episode_steps": "200"})
 
 
-def rejection(learner, *messages):
-    actor = RawActor(learner.address)
-    try:
+@pytest.fixture
+def rejection(raw_actor):
+    def refused(learner, *messages) -> tuple[grpc.StatusCode, str]:
+        actor = raw_actor(learner.address)
         with pytest.raises(grpc.RpcError) as info:
             for message in messages:
                 actor.send(message)
         return info.value.code(), info.value.details()
-    finally:
-        actor.close()
+
+    return refused
 
 
-def test_run_info_tells_actors_the_problem_and_hparams(learner):
-    actor = RawActor(learner.address)
-    info = actor.stub.GetRunInfo(pb.RunInfoRequest())
-    actor.close()
+def test_run_info_tells_actors_the_problem_and_hparams(learner, raw_actor):
+    info = raw_actor(learner.address).stub.GetRunInfo(pb.RunInfoRequest())
     assert info.problem == "cartpole" and dict(info.hparams) == {"max_episode_steps": "200"}
 
 
-def test_a_handshake_then_steps_get_actions(learner):
-    actor = RawActor(learner.address)
-    try:
-        assert actor.send(handshake(num_envs=3)).WhichOneof("kind") == "accepted"
-        for _ in range(3):
-            reply = actor.send(cartpole_step(3))
-            action = decode(reply.actions.actions[0], batch=3)
-            assert action.dtype == np.int64 and set(action.tolist()) <= {0, 1}
-    finally:
-        actor.close()
+def test_a_handshake_then_steps_get_actions(learner, raw_actor, wire):
+    actor = raw_actor(learner.address)
+    assert actor.send(wire.handshake(num_envs=3)).WhichOneof("kind") == "accepted"
+    for _ in range(3):
+        reply = actor.send(wire.cartpole_step(3))
+        action = decode(reply.actions.actions[0], batch=3)
+        assert action.dtype == np.int64 and set(action.tolist()) <= {0, 1}
 
 
-@pytest.mark.parametrize("message,code,text", [
-    (handshake(problem="atari"), grpc.StatusCode.FAILED_PRECONDITION,
-     "the actor runs problem 'atari' and the learner serves 'cartpole'"),
-    (handshake(obs_shape=(5,)), grpc.StatusCode.FAILED_PRECONDITION,
-     "the observation 'observation' has shape [5] where the learner expects [4]"),
-    (handshake(obs_dtype=np.float64), grpc.StatusCode.FAILED_PRECONDITION, "has dtype float64"),
-    (cartpole_step(), grpc.StatusCode.INVALID_ARGUMENT, "the first message of a stream must be a handshake"),
-    (handshake(num_envs=5000), grpc.StatusCode.FAILED_PRECONDITION, "num_envs = 5000"),
-])
-def test_bad_handshakes_are_refused_with_the_mismatch_named(learner, message, code, text):
-    got_code, details = rejection(learner, message)
+BAD_HANDSHAKES = {
+    "other problem": (lambda w: w.handshake(problem="atari"), grpc.StatusCode.FAILED_PRECONDITION,
+                      "the actor runs problem 'atari' and the learner serves 'cartpole'"),
+    "wrong shape": (lambda w: w.handshake(obs_shape=(5,)), grpc.StatusCode.FAILED_PRECONDITION,
+                    "the observation 'observation' has shape [5] where the learner expects [4]"),
+    "wrong dtype": (lambda w: w.handshake(obs_dtype=np.float64), grpc.StatusCode.FAILED_PRECONDITION,
+                    "has dtype float64"),
+    "a step first": (lambda w: w.cartpole_step(), grpc.StatusCode.INVALID_ARGUMENT,
+                     "the first message of a stream must be a handshake"),
+    "too many envs": (lambda w: w.handshake(num_envs=5000), grpc.StatusCode.FAILED_PRECONDITION, "num_envs = 5000"),
+    "undeclared extra": (lambda w: w.handshake(extra_specs=[pb.TensorSpec(name="x", dtype=pb.FLOAT32)]),
+                         grpc.StatusCode.FAILED_PRECONDITION, "the actor sends extra 'x', which the learner does not"),
+    "empty message": (lambda w: pb.ActorMessage(), grpc.StatusCode.INVALID_ARGUMENT,
+                      "an empty ActorMessage: set its handshake or its step"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_HANDSHAKES))
+def test_bad_handshakes_are_refused_with_the_mismatch_named(learner, rejection, wire, case):
+    message, code, text = BAD_HANDSHAKES[case]
+    got_code, details = rejection(learner, message(wire))
     assert got_code == code and text in details
 
 
 BAD_STEPS = {
-    "wrong dtype": (cartpole_step(obs=np.zeros((2, 4), np.float64)), "dtype FLOAT64 differs"),
-    "wrong shape": (cartpole_step(obs=np.zeros((2, 5), np.float32)), "shape [2, 5] differs"),
-    "truncated bytes": (cartpole_step(obs=pb.Tensor(name="observation", dtype=pb.FLOAT32, shape=[2, 4], data=b"1234")),
-                        "4 bytes of data"),
-    "nan reward": (cartpole_step(rewards=[1.0, float("nan")]), "env 1 has a NaN or infinite reward"),
-    "unknown env": (cartpole_step(env_indices=[0, 7]), "env index 7 is unknown"),
-    "repeated handshake": (handshake(actor_id="b"), "handshake repeated"),
+    "wrong dtype": (lambda w: w.cartpole_step(obs=np.zeros((2, 4), np.float64)), "dtype FLOAT64 differs"),
+    "wrong shape": (lambda w: w.cartpole_step(obs=np.zeros((2, 5), np.float32)), "shape [2, 5] differs"),
+    "truncated bytes": (lambda w: w.cartpole_step(
+        obs=pb.Tensor(name="observation", dtype=pb.FLOAT32, shape=[2, 4], data=b"1234")), "4 bytes of data"),
+    "nan reward": (lambda w: w.cartpole_step(rewards=[1.0, float("nan")]), "env 1 has a NaN or infinite reward"),
+    "infinite observation": (lambda w: w.cartpole_step(obs=np.array([[0, 0, 0, 0], [0, np.inf, 0, 0]], np.float32)),
+                             "observation 'observation': env 1 has a NaN or infinite value"),
+    "unknown env": (lambda w: w.cartpole_step(env_indices=[0, 7]), "env index 7 is unknown"),
+    "repeated handshake": (lambda w: w.handshake(actor_id="b"), "handshake repeated"),
+    "empty message": (lambda w: pb.ActorMessage(), "an empty ActorMessage"),
+    "undeclared extra": (lambda w: w.cartpole_step(extras={"action_rewards": np.ones((2, 3), np.float32)}),
+                         "extra 'action_rewards' is not in the handshake spec (expected [])"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(BAD_STEPS))
-def test_bad_steps_are_rejected_and_other_actors_keep_being_served(learner, case):
-    good = RawActor(learner.address)
-    try:
-        good.send(handshake(actor_id="good"))
-        good.send(cartpole_step())
-        message, text = BAD_STEPS[case]
-        code, details = rejection(learner, handshake(actor_id="bad"), message)
-        assert code == grpc.StatusCode.INVALID_ARGUMENT and text in details
-        assert good.send(cartpole_step()).WhichOneof("kind") == "actions"
-        assert learner.service.rejected_messages == 1
-    finally:
-        good.close()
+def test_bad_steps_are_rejected_and_other_actors_keep_being_served(learner, raw_actor, rejection, wire, case):
+    good = raw_actor(learner.address)
+    good.send(wire.handshake(actor_id="good"))
+    good.send(wire.cartpole_step())
+    message, text = BAD_STEPS[case]
+    code, details = rejection(learner, wire.handshake(actor_id="bad"), message(wire))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and text in details
+    assert good.send(wire.cartpole_step()).WhichOneof("kind") == "actions"
+    assert learner.service.rejected_messages == 1
 
 
-def test_two_actors_cannot_share_an_id(learner):
-    first = RawActor(learner.address)
-    try:
-        first.send(handshake(actor_id="same"))
-        code, details = rejection(learner, handshake(actor_id="same"))
-        assert code == grpc.StatusCode.ALREADY_EXISTS and "'same'" in details
-    finally:
-        first.close()
+def test_two_actors_cannot_share_an_id(learner, raw_actor, rejection, wire):
+    raw_actor(learner.address).send(wire.handshake(actor_id="same"))
+    code, details = rejection(learner, wire.handshake(actor_id="same"))
+    assert code == grpc.StatusCode.ALREADY_EXISTS and "'same'" in details
 
 
-def test_finished_run_tells_actors_so(learner):
-    actor = RawActor(learner.address)
-    try:
-        actor.send(handshake())
-        learner.finish("enough")
-        reply = actor.send(cartpole_step())
-        assert reply.WhichOneof("kind") == "finished" and reply.finished.reason == "enough"
-    finally:
-        actor.close()
+def test_finished_run_tells_actors_so(learner, raw_actor, wire):
+    actor = raw_actor(learner.address)
+    actor.send(wire.handshake())
+    learner.finish("enough")
+    reply = actor.send(wire.cartpole_step())
+    assert reply.WhichOneof("kind") == "finished" and reply.finished.reason == "enough"
 
 
-def test_grpo_learners_refuse_actors_whose_envs_do_not_form_whole_groups(tmp_path):
-    with running_learner(tmp_path, hparams={"algorithm": "grpo", "group_size": "4"}) as learner:
-        code, details = rejection(learner, handshake(num_envs=6))
-        assert code == grpc.StatusCode.FAILED_PRECONDITION and "not a multiple of group_size 4" in details
-        actor = RawActor(learner.address)
-        try:
-            assert actor.send(handshake(num_envs=8)).WhichOneof("kind") == "accepted"
-        finally:
-            actor.close()
+def test_grpo_learners_refuse_actors_whose_envs_do_not_form_whole_groups(serve, raw_actor, rejection, wire):
+    learner = serve(hparams={"algorithm": "grpo", "group_size": "4"})
+    code, details = rejection(learner, wire.handshake(num_envs=6))
+    assert code == grpc.StatusCode.FAILED_PRECONDITION and "not a multiple of group_size 4" in details
+    assert raw_actor(learner.address).send(wire.handshake(num_envs=8)).WhichOneof("kind") == "accepted"
+    assert raw_actor(learner.address).stub.GetRunInfo(pb.RunInfoRequest()).num_envs_multiple == 4
 
 
-def chunked_step(action_rewards=None, executed=(3, 3)):
-    message = cartpole_step()
+CHUNK_SPECS = [pb.TensorSpec(name="action_rewards", dtype=pb.FLOAT32, shape=[3]),
+               pb.TensorSpec(name="actions_executed", dtype=pb.INT64)]
+
+
+def chunked_step(wire, action_rewards=None, executed=(3, 3)):
+    extras = {"actions_executed": np.array(executed, np.int64)}
     if action_rewards is not None:
-        message.step.action_rewards.CopyFrom(encode("action_rewards", action_rewards))
-    message.step.actions_executed.extend(executed)
-    return message
+        extras["action_rewards"] = action_rewards
+    return wire.cartpole_step(extras=extras)
 
 
 CHUNK_STEPS = {
-    "missing action rewards": (chunked_step(None), "action_rewards missing: this Problem plays chunks of 3 actions"),
-    "wrong chunk length": (chunked_step(np.ones((2, 4), np.float32)), "shape [2, 4] differs"),
-    "nan action reward": (chunked_step(np.array([[1, 1, 1], [1, np.inf, 0]], np.float32)),
-                          "action_rewards: env 1 has a NaN or infinite reward"),
-    "too many executed": (chunked_step(np.ones((2, 3), np.float32), executed=(3, 9)),
-                          "actions_executed: 9 actions of a chunk of 3"),
+    "missing action rewards": (lambda w: chunked_step(w, None), "extra ['action_rewards'] missing from the message"),
+    "wrong chunk length": (lambda w: chunked_step(w, np.ones((2, 4), np.float32)), "shape [2, 4] differs"),
+    "nan action reward": (lambda w: chunked_step(w, np.array([[1, 1, 1], [1, np.inf, 0]], np.float32)),
+                          "extra 'action_rewards': env 1 has a NaN or infinite value"),
+    "too many executed": (lambda w: chunked_step(w, np.ones((2, 3), np.float32), executed=(3, 9)),
+                          "extra 'actions_executed': env 1 has 9, outside [0, 3]"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(CHUNK_STEPS))
-def test_bad_chunk_results_are_rejected_by_name(tmp_path, case):
-    with running_learner(tmp_path, hparams={"chunk_size": "3"}) as learner:
-        good = RawActor(learner.address)
-        try:
-            good.send(handshake(actor_id="good", action_shape=(3,)))
-            message, text = CHUNK_STEPS[case]
-            code, details = rejection(learner, handshake(actor_id="bad", action_shape=(3,)), message)
-            assert code == grpc.StatusCode.INVALID_ARGUMENT and text in details
-            reply = good.send(chunked_step(np.ones((2, 3), np.float32)))
-            assert decode(reply.actions.actions[0], batch=2).shape == (2, 3)
-        finally:
-            good.close()
+def test_bad_chunk_results_are_rejected_by_name(serve, raw_actor, rejection, wire, case):
+    learner = serve(hparams={"chunk_size": "3"})
+    good = raw_actor(learner.address)
+    good.send(wire.handshake(actor_id="good", action_shape=(3,), extra_specs=CHUNK_SPECS))
+    message, text = CHUNK_STEPS[case]
+    code, details = rejection(learner, wire.handshake(actor_id="bad", action_shape=(3,), extra_specs=CHUNK_SPECS),
+                              message(wire))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and text in details
+    reply = good.send(chunked_step(wire, np.ones((2, 3), np.float32)))
+    assert decode(reply.actions.actions[0], batch=2).shape == (2, 3)
 
 
-def test_unchunked_problems_refuse_chunk_results(learner):
-    code, details = rejection(learner, handshake(), chunked_step(np.ones((2, 3), np.float32)))
-    assert code == grpc.StatusCode.INVALID_ARGUMENT and "this Problem has no action chunks" in details
+def test_unchunked_problems_refuse_chunk_results(learner, rejection, wire):
+    code, details = rejection(learner, wire.handshake(), chunked_step(wire, np.ones((2, 3), np.float32)))
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "is not in the handshake spec (expected [])" in details

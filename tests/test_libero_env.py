@@ -8,6 +8,8 @@ import pytest
 
 from fleetrl.envs.libero.env import LiberoEnv, axis_angle, decode_language, encode_language
 
+pytestmark = pytest.mark.slow  # the real simulator: seconds per reset
+
 
 @pytest.fixture(scope="module")
 def env(tmp_path_factory, monkeypatch_module):

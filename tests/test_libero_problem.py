@@ -2,8 +2,8 @@
 
 import json
 
+import pytest
 import torch
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fleetrl.learner.eval_rounds import EvalRounds
 from fleetrl.problems import load_problem
@@ -32,21 +32,21 @@ def test_episode_metrics_report_success_per_task():
     assert metrics == {"success_once": 1.0, "episode_len": 37.0, "task_4/success": 1.0}
 
 
-def test_a_learner_and_one_actor_train_on_real_libero_with_action_chunks(tmp_path):
+@pytest.mark.slow
+def test_a_learner_and_one_actor_train_on_real_libero_with_action_chunks(tmp_path, local_run):
     """The flags a user types (--suite, --task_ids, ... are the Problem's own); one env, so
     in-process; 24 chunks of 4 actions in 16-action episodes, batches of one 4-step unroll."""
-    from test_launch_local import finish, start_local, read_scalars
 
     logdir = tmp_path / "run"
-    process, tag = start_local(
+    process, tag = local_run.start(
         logdir, "--problem=libero", "--suite=libero_spatial", "--task_ids=[0]", "--image_size=32",
         "--chunk_size=4", "--max_episode_steps=16", "--num_wait_steps=2", "--minibatches=1", "--num_actors=1",
         "--envs_per_actor=1", "--unroll_length=4", "--batch_size=1", "--total_env_steps=24", "--seed=0")
-    code, output = finish(process, tag)
+    code, output = local_run.finish(process, tag)
     assert code == 0, output
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["trainer_steps"] >= 1 and summary["episodes"] >= 4, summary
-    scalars = read_scalars(logdir)
+    scalars = local_run.read_scalars(logdir)
     for tag_ in ("train/success_once", "train/episode_len", "train/task_0/success", "loss/policy", "ppo/approx_kl"):
         assert tag_ in scalars, sorted(scalars)
     assert set(scalars["train/episode_len"]) == {16.0}  # 4 chunks of 4 actions each, then truncation
@@ -55,21 +55,21 @@ def test_a_learner_and_one_actor_train_on_real_libero_with_action_chunks(tmp_pat
     assert checkpoint["hparams"]["suite"] == "libero_spatial" and checkpoint["hparams"]["chunk_size"] == "4"
 
 
-def test_grpo_trains_on_real_libero_with_a_group_of_envs_in_subprocesses(tmp_path):
+@pytest.mark.slow
+def test_grpo_trains_on_real_libero_with_a_group_of_envs_in_subprocesses(tmp_path, local_run):
     """GRPO's group of two shares each reset state (tested in test_libero_env); here the whole
     path runs: one actor, its two envs in subprocesses, 8-action episodes in chunks of 4."""
-    from test_launch_local import finish, start_local, read_scalars
 
     logdir = tmp_path / "run"
-    process, tag = start_local(
+    process, tag = local_run.start(
         logdir, "--problem=libero", "--suite=libero_spatial", "--task_ids=[0]", "--image_size=32",
         "--chunk_size=4", "--max_episode_steps=8", "--num_wait_steps=1", "--algorithm=grpo", "--group_size=2",
         "--num_actors=1", "--envs_per_actor=2", "--unroll_length=4", "--batch_size=2", "--total_env_steps=24",
         "--seed=0")
-    code, output = finish(process, tag)
+    code, output = local_run.finish(process, tag)
     assert code == 0, output
     assert "stepping 2 envs in subprocesses" in (logdir / "logs" / "actor-0.log").read_text()
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["trainer_steps"] >= 1 and summary["episodes"] >= 4, summary
-    scalars = read_scalars(logdir)
+    scalars = local_run.read_scalars(logdir)
     assert "loss/policy" in scalars and set(scalars["train/episode_len"]) == {8.0}

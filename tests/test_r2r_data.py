@@ -1,9 +1,7 @@
 """R2R readers on fleetrl's synthetic data and, when present, on real sample files; the env's oracle."""
 
 import json
-import math
 import os
-import shutil
 
 import numpy as np
 import pytest

@@ -45,16 +45,15 @@ def test_the_eval_set_is_every_instruction_of_both_splits_once(tmp_path, monkeyp
 
 
 @pytest.mark.slow
-def test_r2r_learns_to_follow_instructions_in_unseen_houses(tmp_path, monkeypatch):
+def test_r2r_learns_to_follow_instructions_in_unseen_houses(tmp_path, monkeypatch, local_run):
     """The default demo, shortened. A random policy stops at the goal about 3% of the time."""
-    from test_launch_local import finish, start_local
 
     monkeypatch.chdir(tmp_path)  # where data/r2r_synthetic gets generated
 
-    process, tag = start_local(tmp_path / "run", "--problem=r2r", "--seed=0", "--total_env_steps=200000",
+    process, tag = local_run.start(tmp_path / "run", "--problem=r2r", "--seed=0", "--total_env_steps=200000",
                                "--num_eval_actors=1", "--eval_envs_per_actor=16", "--eval_interval_s=20",
                                cwd=tmp_path)
-    code, output = finish(process, tag)
+    code, output = local_run.finish(process, tag)
     assert code == 0, output
     rounds = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
     assert rounds and all(f"{split}/{m}" in rounds[-1] for split in SPLITS for m in METRICS)
@@ -92,7 +91,8 @@ def test_eval_pictures_that_are_not_rgb_images_are_refused():
     from fleetrl.proto import learner_pb2 as pb
     from fleetrl.proto.tensors import WireError, encode
 
-    good = pb.EpisodeStats(env_index=0, eval_episode=3, images=[encode("val_seen/topdown", np.zeros((4, 5, 3), np.uint8))])
+    picture = encode("val_seen/topdown", np.zeros((4, 5, 3), np.uint8))
+    good = pb.EpisodeStats(env_index=0, eval_episode=3, images=[picture])
     assert _decode_images(good)["val_seen/topdown"].shape == (4, 5, 3)
     for image, why in ((np.zeros((4, 5), np.uint8), "expected \\[H, W, 3\\] uint8"),
                        (np.zeros((4, 5, 3), np.float32), "got float32"),

@@ -17,8 +17,6 @@ from fleetrl.actor.config import ActorConfig
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
 
-from helpers import running_learner
-
 
 def certificate(name: str, issuer=None, is_ca=False):
     """A key and a certificate for `name`, signed by `issuer` (a key, certificate pair) or self-signed."""
@@ -69,7 +67,7 @@ def status(channel) -> grpc.StatusCode:
         channel.close()
 
 
-def test_calls_without_the_right_token_are_unauthenticated(tmp_path):
+def test_calls_without_the_right_token_are_unauthenticated(tmp_path, running_learner):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret-token\n")
     with running_learner(tmp_path, auth_token_file=str(token_file)) as learner:
@@ -87,7 +85,7 @@ def test_calls_without_the_right_token_are_unauthenticated(tmp_path):
         assert actor.steps_sent == 5
 
 
-def test_mutual_tls_admits_only_clients_signed_by_the_client_ca(tmp_path, pki):
+def test_mutual_tls_admits_only_clients_signed_by_the_client_ca(tmp_path, pki, running_learner):
     with running_learner(tmp_path, tls_cert=pki["server_cert"], tls_key=pki["server_key"],
                          tls_client_ca=pki["ca"]) as learner:
         address = learner.address
@@ -102,7 +100,7 @@ def test_mutual_tls_admits_only_clients_signed_by_the_client_ca(tmp_path, pki):
         assert actor.steps_sent == 5
 
 
-def test_tls_without_client_certificates_still_encrypts_and_checks_the_server(tmp_path, pki):
+def test_tls_without_client_certificates_still_encrypts_and_checks_the_server(tmp_path, pki, running_learner):
     with running_learner(tmp_path, tls_cert=pki["server_cert"], tls_key=pki["server_key"]) as learner:
         assert status(learner_channel(learner.address, 1 << 20, tls_ca=pki["ca"])) == grpc.StatusCode.OK
         # A client that trusts another CA refuses this server.
@@ -110,7 +108,7 @@ def test_tls_without_client_certificates_still_encrypts_and_checks_the_server(tm
             grpc.StatusCode.UNAVAILABLE
 
 
-def test_a_connection_that_never_sends_its_handshake_is_dropped(tmp_path):
+def test_a_connection_that_never_sends_its_handshake_is_dropped(tmp_path, running_learner):
     with running_learner(tmp_path, handshake_timeout_s=1.0) as learner:
         channel = grpc.insecure_channel(learner.address)
         held = threading.Event()
@@ -125,5 +123,6 @@ def test_a_connection_that_never_sends_its_handshake_is_dropped(tmp_path):
             next(responses)
         held.set()
         channel.close()
-        assert info.value.code() == grpc.StatusCode.CANCELLED
+        assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        assert "no handshake within 1 s" in info.value.details() and "--handshake_timeout_s" in info.value.details()
         assert learner.service.rejected_messages == 1

@@ -4,10 +4,13 @@ import numpy as np
 import pytest
 import torch
 
+from fleetrl.actor.extras import vector_extras
 from fleetrl.envs.grid_nav import GridNavEnv
+from fleetrl.envs.teacher_forcing import TeacherForcingDraws
+from fleetrl.envs.vector import make_vector_env
+from fleetrl.learner.env_state_store import build_state_store
 from fleetrl.learner.inference import InferenceStep, PolicyVersion, StepRequest
-from fleetrl.learner.learner import build_state_store
-from fleetrl.learner.unroll_queue import collate
+from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems import load_problem
 
 T, ENVS = 4, 16
@@ -18,7 +21,7 @@ def test_the_oracle_walks_a_shortest_path():
     for seed in range(20):
         obs, _ = env.reset(seed=seed)
         distance = int(np.abs(env.goal - env.position).sum())
-        for steps in range(1, 100):
+        for steps in range(1, 100):  # noqa: B007 (read after the loop)
             obs, reward, terminated, truncated, info = env.step(obs["oracle_action"])
             if terminated:
                 break
@@ -26,33 +29,58 @@ def test_the_oracle_walks_a_shortest_path():
 
 
 def run_inference(problem, steps=T + 1, seed=0):
+    """The actor's envs (`make_actor_env`, which draws each episode's teacher forcing) and
+    the learner's inference step, without gRPC; yields each step, then the batch."""
     agent = problem.make_agent()
     store = build_state_store(problem, agent, T, torch.device("cpu"))
     unrolls = []
     inference = InferenceStep(problem, agent, PolicyVersion(), store, lambda u: unrolls.append(u) or True,
-                              torch.device("cpu"), seed=seed)
-    envs = [GridNavEnv() for _ in range(ENVS)]
-    observations = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
+                              torch.device("cpu"))
+    envs = make_vector_env(problem.make_actor_env, ENVS)
+    obs, info = envs.reset(seed=list(range(seed, seed + ENVS)))
     slots, run_ids = store.allocate(ENVS), np.arange(1, ENVS + 1, dtype=np.uint64)
-    no = np.zeros(ENVS, bool)
+    reward, terminated, truncated = np.zeros(ENVS, np.float32), np.zeros(ENVS, bool), np.zeros(ENVS, bool)
     for _ in range(steps):
-        obs = {k: np.stack([o[k] for o in observations]) for k in observations[0]}
-        (actions,) = inference([StepRequest(slots, run_ids, obs, np.zeros(ENVS, np.float32), no, no)])
-        forced = store.teacher_forcing(slots)
-        yield obs, actions["action"], forced
-        observations = [env.step(a)[0] for env, a in zip(envs, actions["action"])]
-    yield collate(unrolls)
+        extras = vector_extras(info, problem.extra_specs(), ENVS)
+        (actions,) = inference([StepRequest(slots=slots, run_ids=run_ids, observation=obs, extras=extras,
+                                            reward=reward, terminated=terminated, truncated=truncated)])
+        yield obs, actions["action"], extras["teacher_forcing"]
+        obs, reward, terminated, truncated, info = envs.step(actions["action"])
+        reward = reward.astype(np.float32)
+    yield UnrollBatch.collate(unrolls)
 
 
 def test_forced_episodes_execute_the_oracle_and_the_draw_holds_for_the_episode():
     problem = load_problem("grid_nav", {"teacher_forcing_fraction": "0.5"})
+    assert [s.name for s in problem.extra_specs()] == ["teacher_forcing"]
     *steps, batch = list(run_inference(problem))
     first_forced = steps[0][2]
     assert 0 < first_forced.sum() < ENVS  # about half of the episodes
     for obs, actions, forced in steps:
         assert (forced == first_forced).all()  # no episode ended in these few steps
         assert (actions[forced] == obs["oracle_action"][forced]).all()
-    assert (batch.teacher_forcing == torch.from_numpy(first_forced)).all()
+    assert (batch.extras["teacher_forcing"] == torch.from_numpy(first_forced)).all()
+
+
+def test_each_episode_draws_anew_and_a_seed_repeats_the_draws():
+    def draws(seed):
+        env = TeacherForcingDraws(GridNavEnv(), fraction=0.5)
+        first = [env.reset(seed=seed)[1]["teacher_forcing"]]
+        return first + [env.reset()[1]["teacher_forcing"] for _ in range(199)]
+
+    assert draws(3) == draws(3) and draws(3) != draws(4)
+    assert 70 < sum(draws(3)) < 130
+    env = TeacherForcingDraws(GridNavEnv(max_steps=3), fraction=1.0)
+    env.reset(seed=0)
+    assert all(env.step(0)[4]["teacher_forcing"] for _ in range(3))  # every step of the episode says so
+    assert load_problem("grid_nav", {"teacher_forcing_fraction": "0.0"}).extra_specs() == ()
+
+
+def test_forced_episodes_go_to_their_own_episode_group():
+    problem = load_problem("grid_nav", {"teacher_forcing_fraction": "0.5"})
+    assert problem.episode_groups() == ("train", "teacher")
+    assert problem.episode_group({"teacher_forcing": True}) == "teacher"
+    assert problem.episode_group({"teacher_forcing": False}) == "train"
 
 
 def test_forced_steps_train_by_cross_entropy_and_the_rest_by_rl():
@@ -67,7 +95,8 @@ def test_forced_steps_train_by_cross_entropy_and_the_rest_by_rl():
         log_probs = problem.action_log_prob(outputs, batch.action)[:-1]
         forced = prepared["valid"] * prepared["teacher"]
         expected_ce = -(log_probs * forced).sum() / forced.sum()
-        rl_only, _ = algorithm.rl_loss(problem, outputs, batch, {**prepared, "valid": prepared["valid"] * (1 - prepared["teacher"])})
+        rl_valid = prepared["valid"] * (1 - prepared["teacher"])
+        rl_only, _ = algorithm.rl_loss(problem, outputs, batch, {**prepared, "valid": rl_valid})
     assert logs["loss/teacher_forcing"].item() == pytest.approx(expected_ce.item(), rel=1e-5)
     assert loss.item() == pytest.approx(rl_only.item() + 2.0 * expected_ce.item(), rel=1e-5)
     assert 0 < logs["teacher_forcing/fraction"].item() < 1
@@ -76,7 +105,7 @@ def test_forced_steps_train_by_cross_entropy_and_the_rest_by_rl():
 def test_supervised_alone_trains_only_on_forced_steps():
     problem = load_problem("grid_nav", {"algorithm": "supervised", "teacher_forcing_fraction": "1.0"})
     *_, batch = list(run_inference(problem))
-    assert batch.teacher_forcing.all()
+    assert batch.extras["teacher_forcing"].all()
     agent = problem.make_agent()
     algorithm = problem.algorithm()
     loss, logs = algorithm.loss(problem, agent, batch, algorithm.prepare(problem, batch))

@@ -5,8 +5,7 @@ import numpy as np
 import pytest
 
 from fleetrl.proto import learner_pb2 as pb
-from fleetrl.proto.tensors import (TensorSpec, WireError, decode, decode_all, encode, spec_mismatch,
-                                   specs_from_space)
+from fleetrl.proto.tensors import TensorSpec, WireError, decode, decode_all, encode, spec_mismatch, specs_from_space
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int8", "int16", "int32", "int64", "uint8", "bool"])

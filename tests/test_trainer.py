@@ -2,38 +2,18 @@
 
 import threading
 
-import numpy as np
 import pytest
 import torch
 
-from fleetrl.learner.inference import InferenceStep, PolicyVersion, StepRequest
-from fleetrl.learner.learner import build_state_store
+from fleetrl.learner.inference import PolicyVersion
 from fleetrl.learner.trainer import Trainer
-from fleetrl.learner.unroll_queue import collate
 from fleetrl.problems import load_problem
 
-T, ENVS = 5, 8
 
-
-def batch_of_unrolls(problem, agent):
-    """Real unrolls of CartPole through the learner's own inference step, without gRPC."""
-    store = build_state_store(problem, agent, T, torch.device("cpu"))
-    unrolls = []
-    inference = InferenceStep(problem, agent, PolicyVersion(), store, lambda u: unrolls.append(u) or True,
-                              torch.device("cpu"))
-    slots, run_ids = store.allocate(ENVS), np.arange(1, ENVS + 1, dtype=np.uint64)
-    rng = np.random.default_rng(0)
-    for t in range(T + 1):
-        ended = rng.uniform(size=ENVS) < 0.1
-        inference([StepRequest(slots, run_ids, {"observation": rng.normal(size=(ENVS, 4)).astype(np.float32)},
-                               np.ones(ENVS, np.float32), ended, np.zeros(ENVS, bool))])
-    return collate(unrolls)
-
-
-def test_ppo_takes_epochs_times_minibatches_steps_over_whole_unrolls():
+def test_ppo_takes_epochs_times_minibatches_steps_over_whole_unrolls(unroll_batch):
     problem = load_problem("cartpole", {"algorithm": "ppo", "epochs": "3", "minibatches": "4"})
     agent = problem.make_agent()
-    batch = batch_of_unrolls(problem, agent)
+    batch = unroll_batch(problem, agent)
     seen = []
     algorithm = problem.algorithm()
     original = algorithm.loss
@@ -50,16 +30,16 @@ def test_ppo_takes_epochs_times_minibatches_steps_over_whole_unrolls():
         logs = trainer.update(batch)
     finally:
         del algorithm.loss
-    assert trainer.steps == 12 and trainer.policy.version == 12
-    assert seen == [(2, T + 1, (T, 2))] * 12
+    assert trainer.policy.version == 12  # one version per optimizer step
+    assert seen == [(2, 6, (5, 2))] * 12  # 8 unrolls of T + 1 = 6 steps, in minibatches of 2
     assert any(not torch.equal(a, b) for a, b in zip(before, agent.parameters()))
     assert {"ppo/approx_kl", "ppo/clip_fraction", "value/explained_variance", "loss/value"} <= set(logs)
 
 
-def test_blocking_inference_holds_the_policy_lock_for_the_whole_update():
+def test_blocking_inference_holds_the_policy_lock_for_the_whole_update(unroll_batch):
     problem = load_problem("cartpole", {"algorithm": "ppo", "epochs": "2", "minibatches": "2"})
     agent = problem.make_agent()
-    batch = batch_of_unrolls(problem, agent)
+    batch = unroll_batch(problem, agent)
     policy = PolicyVersion()
     trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), policy, torch.device("cpu"),
                       block_inference_on_training=True)

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 import torch
 
-from fleetrl.losses.transitions import transitions
 from fleetrl.losses.config import LossConfig
+from fleetrl.losses.transitions import transitions
 from fleetrl.losses.vtrace import vtrace_loss, vtrace_returns
 
 

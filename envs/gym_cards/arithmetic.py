@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import functools
 import itertools
+from collections.abc import Sequence
 from fractions import Fraction
-from typing import Sequence
 
 
 class FormulaError(ValueError):

@@ -19,7 +19,7 @@ _SUIT_COLOURS = {"spades": (20, 20, 20), "clubs": (20, 20, 20), "hearts": (200, 
 RANK_NAMES = {1: "A", 11: "J", 12: "Q", 13: "K"}
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def font(size: int) -> ImageFont.FreeTypeFont:
     return ImageFont.load_default(size=size)
 

@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from fleetrl.common.files import atomic_write_text
+
 DEFAULT_CONFIG_DIR = os.path.join(os.path.expanduser("~"), ".fleetrl", "libero")
 
 
@@ -35,10 +37,7 @@ def prepare_libero(config_dir: str | None = None, mujoco_gl: str = "egl") -> str
         entries = {"benchmark_root": root, "bddl_files": os.path.join(root, "bddl_files"),
                    "init_states": os.path.join(root, "init_files"), "datasets": os.path.join(config_dir, "datasets"),
                    "assets": os.path.join(root, "assets")}
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            f.writelines(f"{key}: {value}\n" for key, value in entries.items())
-        os.replace(tmp, path)
+        atomic_write_text(path, "".join(f"{key}: {value}\n" for key, value in entries.items()))
     return path
 
 

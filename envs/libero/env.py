@@ -73,7 +73,8 @@ class LiberoEnv(gym.Env):
         all_tasks = range(self.suite.get_num_tasks())
         self.task_ids = tuple(task_ids) or tuple(all_tasks)
         if not set(self.task_ids) <= set(all_tasks):
-            raise ValueError(f"{suite} has tasks 0..{len(all_tasks) - 1}, not {sorted(set(self.task_ids) - set(all_tasks))}")
+            unknown = sorted(set(self.task_ids) - set(all_tasks))
+            raise ValueError(f"{suite} has tasks 0..{len(all_tasks) - 1}, not {unknown}")
         self._init_states = [self.suite.get_task_init_states(t) for t in self.task_ids]
         self.reset_states = ResetStates([len(s) for s in self._init_states])
         self._sim = None

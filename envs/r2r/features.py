@@ -16,6 +16,7 @@ import sys
 
 import numpy as np
 
+from fleetrl.common.files import atomic_write, atomic_write_json
 from fleetrl.envs.r2r.graph import DataError
 
 VIEWS = 36
@@ -78,13 +79,9 @@ def load_features(tsv_path: str, dim: int) -> Features:
         rows = read_tsv(tsv_path, dim)
         keys = sorted(rows)
         array = np.stack([rows[k] for k in keys]) if keys else np.zeros((0, VIEWS, dim), np.float32)
-        # Written under temporary names and renamed, so concurrent actors never read half a cache.
-        tmp = f"{cache}.{os.getpid()}.tmp.npy"
-        np.save(tmp, array)
-        os.replace(tmp, cache)
-        with open(index_path + f".{os.getpid()}.tmp", "w") as f:
-            json.dump({k: i for i, k in enumerate(keys)}, f)
-        os.replace(index_path + f".{os.getpid()}.tmp", index_path)
+        # Atomic, so concurrent actors never read half a cache.
+        atomic_write(cache, lambda f: np.save(f, array))
+        atomic_write_json(index_path, {k: i for i, k in enumerate(keys)})
     array = np.load(cache, mmap_mode="r")
     if array.shape[1:] != (VIEWS, dim):
         raise DataError(f"{cache}: features of shape {array.shape[1:]}, expected ({VIEWS}, {dim})")

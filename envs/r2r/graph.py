@@ -95,7 +95,7 @@ def load_scan_graph(connectivity_dir: str, scan: str) -> ScanGraph:
     return ScanGraph(scan, graph, positions)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def cached_scan_graph(connectivity_dir: str, scan: str) -> ScanGraph:
     return load_scan_graph(connectivity_dir, scan)
 

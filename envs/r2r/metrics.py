@@ -8,7 +8,7 @@ is any callable d(a, b) giving shortest-path metres between viewpoints.
 from __future__ import annotations
 
 import math
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

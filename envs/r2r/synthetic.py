@@ -1,6 +1,6 @@
 """A synthetic Room-to-Room dataset in the real formats, so fleetrl runs without Matterport data.
 
-    python -m fleetrl.envs.r2r.synthetic --out data/r2r_synthetic
+    python -m fleetrl.launch.r2r_synthetic --out=data/r2r_synthetic
 
 Each house is a jittered grid of viewpoints 4 m apart (more than the 3 m success radius,
 so success means stopping at the goal), with some walls removed and some added. Each
@@ -27,7 +27,6 @@ import dataclasses
 import json
 import math
 import os
-import sys
 
 import networkx as nx
 import numpy as np
@@ -178,7 +177,8 @@ def generate(config: SyntheticConfig) -> dict[str, int]:
             splits["train"] += _paths(rng, ids, positions, edges, landmarks, config.paths_per_train_house, used, scan)
             splits["val_seen"] += _paths(rng, ids, positions, edges, landmarks, config.paths_per_val_house, used, scan)
         else:
-            splits["val_unseen"] += _paths(rng, ids, positions, edges, landmarks, config.paths_per_val_house * 4, used, scan)
+            splits["val_unseen"] += _paths(rng, ids, positions, edges, landmarks, config.paths_per_val_house * 4, used,
+                                           scan)
     path_id = 0
     words = set()
     for split in SPLITS:
@@ -194,19 +194,3 @@ def generate(config: SyntheticConfig) -> dict[str, int]:
     Vocab([PAD, UNK, EOS] + sorted(words)).write(os.path.join(config.out, "vocab.txt"))
     write_tsv(os.path.join(config.out, "features.tsv"), features)
     return {split: sum(len(e["instructions"]) for e in splits[split]) for split in SPLITS}
-
-
-def main(argv: list[str]) -> int:
-    del argv
-    counts = generate(from_flags(SyntheticConfig))
-    logging.info("wrote %s instructions to %s", counts, flags.FLAGS.out)
-    return 0
-
-
-if __name__ == "__main__":
-    from absl import app, flags, logging
-
-    from fleetrl.launch.flags import define_flags, from_flags
-
-    define_flags(SyntheticConfig)
-    app.run(lambda argv: sys.exit(main(argv)))

@@ -29,7 +29,7 @@ class Vocab:
         self.eos_id = self.ids.get(EOS)
 
     @classmethod
-    def read(cls, path: str) -> "Vocab":
+    def read(cls, path: str) -> Vocab:
         if not os.path.exists(path):
             raise DataError(f"no vocab file {path}")
         with open(path) as f:

@@ -1,0 +1,119 @@
+"""The run's state that outlives a process, and the checkpoint format that holds it.
+
+A resume restores exactly what `checkpoint()` writes (see `checkpoint` for the files):
+
+    format, problem, hparams, learner_config
+    model, optimizer                    state_dicts (best.pt: no optimizer)
+    policy_version                      optimizer steps so far: the one step counter
+    env_steps, episodes, eval_rounds    counters, read from and restored to their owners
+    best                                the best eval metric so far (or None)
+    rng                                 torch's global state and the trainer's shuffle generator
+
+Each counter lives where it is counted (the inference step, the episode window, the eval
+rounds, the policy version); this object is the one place that knows all of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+
+import torch
+
+from fleetrl.learner.checkpoint import CHECKPOINT_FORMAT, CheckpointDir, CheckpointError, check_fits, load_checkpoint
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.eval_rounds import EvalRounds
+from fleetrl.learner.inference import InferenceStep, PolicyVersion
+from fleetrl.learner.metrics import EpisodeWindow
+
+log = logging.getLogger(__name__)
+
+
+class RunState:
+    def __init__(self, config: LearnerConfig, agent: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 policy: PolicyVersion, inference: InferenceStep, episodes: EpisodeWindow, eval_rounds: EvalRounds,
+                 shuffle_generator: torch.Generator, device: torch.device):
+        self.config = config
+        self.agent, self.optimizer = agent, optimizer
+        self.policy, self.inference, self.episodes, self.eval_rounds = policy, inference, episodes, eval_rounds
+        self.shuffle_generator = shuffle_generator
+        self.device = device
+        self.checkpoints = CheckpointDir(os.path.join(config.logdir, "checkpoints"), config.keep_checkpoints)
+        self.best: float | None = None
+        self._last_save = (time.monotonic(), 0)  # (time, policy version)
+
+    @property
+    def env_steps(self) -> int:
+        return self.inference.env_steps
+
+    def checkpoint(self, model: dict[str, torch.Tensor] | None = None, with_optimizer: bool = True) -> dict:
+        """Everything a resume needs, as tensors and plain values (loadable with weights_only=True)."""
+        state = {
+            "format": CHECKPOINT_FORMAT, "problem": self.config.problem, "hparams": dict(self.config.hparams),
+            "learner_config": dataclasses.asdict(self.config),
+            "model": model if model is not None else self.agent.state_dict(),
+            "policy_version": self.policy.version, "env_steps": self.inference.env_steps,
+            "episodes": self.episodes.total, "eval_rounds": self.eval_rounds.completed, "best": self.best,
+            "rng": {"torch": torch.get_rng_state(), "trainer_shuffle": self.shuffle_generator.get_state()},
+        }
+        if with_optimizer:
+            state["optimizer"] = self.optimizer.state_dict()
+        return state
+
+    def save(self) -> str:
+        path = self.checkpoints.save(self.checkpoint())
+        self._last_save = (time.monotonic(), self.policy.version)
+        return path
+
+    def save_if_due(self) -> None:
+        """A periodic checkpoint, every checkpoint_interval_s and/or checkpoint_every_steps."""
+        last_time, last_version = self._last_save
+        interval = self.config.checkpoint_interval_s
+        by_time = interval and time.monotonic() - last_time >= interval
+        by_steps = (self.config.checkpoint_every_steps
+                    and self.policy.version - last_version >= self.config.checkpoint_every_steps)
+        if by_time or by_steps:
+            self.save()
+
+    def offer_best(self, value: float | None, model: dict[str, torch.Tensor], policy_version: int,
+                   metrics: dict[str, float]) -> bool:
+        """Writes best.pt with `model` if `value` of the best metric beats the best so far."""
+        better = value is not None and (self.best is None or (
+            value > self.best if self.config.best_mode == "max" else value < self.best))
+        if better:
+            self.best = value
+            best = self.checkpoint(model=model, with_optimizer=False)
+            best.update(policy_version=policy_version, eval_metrics=metrics)
+            self.checkpoints.save_best(best)
+        return better
+
+    def resume_or_warm_start(self) -> str | None:
+        """Resumes from the logdir's latest checkpoint (returning its path); else loads only
+        the weights of --init_checkpoint, if given."""
+        latest = self.checkpoints.latest()
+        if latest is None:
+            if self.config.init_checkpoint:
+                checkpoint = load_checkpoint(self.config.init_checkpoint, self.device)
+                check_fits(checkpoint, self.config.problem, self.agent, self.config.init_checkpoint)
+                self.agent.load_state_dict(checkpoint["model"])
+                log.info("warm start from the weights of %s", self.config.init_checkpoint)
+            return None
+        checkpoint = load_checkpoint(latest, self.device)
+        check_fits(checkpoint, self.config.problem, self.agent, latest)
+        if "optimizer" not in checkpoint:
+            raise CheckpointError(f"{latest} holds no optimizer state and cannot resume a run")
+        self.agent.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.policy.version = checkpoint["policy_version"]
+        self.inference.env_steps = checkpoint["env_steps"]
+        self.episodes.total = checkpoint["episodes"]
+        self.eval_rounds.resume(checkpoint["eval_rounds"])
+        self.best = checkpoint["best"]
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        self.shuffle_generator.set_state(checkpoint["rng"]["trainer_shuffle"])
+        self._last_save = (time.monotonic(), self.policy.version)
+        log.info("resumed from %s: %s env steps, policy version %s", latest, f"{self.env_steps:,}",
+                 f"{self.policy.version:,}")
+        return latest

@@ -1,0 +1,59 @@
+"""The gRPC server around the learner's service: its address, threads, limits and admission.
+
+One worker thread per actor stream (up to --max_actors, plus a few for side calls), a
+message size limit that the service itself enforces with a clear error (the transport's
+own cap is set above it), TLS or mutual TLS, and the shared-token check (see `security`).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent import futures
+
+import grpc
+
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.security import TokenCheck, server_credentials, server_options
+from fleetrl.learner.server import LearnerService, learner_handler
+from fleetrl.proto.auth import read_token
+
+# Streams beyond --max_actors: side calls (GetStatus, GetRunInfo, GetEvalWork) need threads too.
+SIDE_CALLS = 4
+
+
+def max_streams(config: LearnerConfig) -> int:
+    return config.max_actors + SIDE_CALLS
+
+
+class LearnerServer:
+    def __init__(self, config: LearnerConfig, service: LearnerService):
+        limit_bytes = config.max_message_mb * 1024 * 1024
+        token = read_token(config.auth_token_file)
+        # Who may join: with neither a token nor client certificates, anyone who reaches the address.
+        self.authenticated = bool(token or config.tls_client_ca)
+        self._server = grpc.server(
+            futures.ThreadPoolExecutor(max_workers=max_streams(config), thread_name_prefix="actor-stream"),
+            maximum_concurrent_rpcs=max_streams(config),
+            # Above the service's own limit, so that it, not the transport, rejects a big message.
+            options=server_options(4 * limit_bytes),
+            interceptors=[TokenCheck(token, service.count_rejection)] if token else [],
+        )
+        self._server.add_generic_rpc_handlers((learner_handler(service, limit_bytes),))
+        if config.tls_cert or config.tls_key:
+            credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+            port = self._server.add_secure_port(config.bind, credentials)
+        else:
+            if config.tls_client_ca:
+                raise ValueError("--tls_client_ca needs --tls_cert and --tls_key")
+            port = self._server.add_insecure_port(config.bind)
+        if port == 0 and not config.bind.startswith("unix:"):
+            raise OSError(f"cannot bind the learner to {config.bind}")
+        # Where actors reach it: the bound port (port 0 picks one), or the unix socket.
+        self.address = config.bind if config.bind.startswith("unix:") else f"{config.bind.rsplit(':', 1)[0]}:{port}"
+
+    def start(self) -> None:
+        self._server.start()
+
+    def stop(self, grace: float | None) -> threading.Event:
+        """Stops accepting calls and ends those in flight after `grace` seconds; set when done."""
+        return self._server.stop(grace)

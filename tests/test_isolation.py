@@ -1,0 +1,119 @@
+"""Failures stay with the actor that caused them: the learner keeps serving and training the rest.
+
+Two layers. Float observations are checked when they are decoded, so a NaN or infinity
+ends only the sending actor's stream, by name. And should a step still make the agent
+raise inside a shared inference batch, the batch is retried request by request: only the
+request that fails on its own ends its actor's stream; its batch-mates get their actions.
+"""
+
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from fleetrl.actor.actor import Actor
+from fleetrl.actor.config import ActorConfig
+from fleetrl.agents import MLPAgent
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.learner import Learner
+from fleetrl.problems.cartpole import CartPoleProblem
+
+POISON = 1e6  # finite, so it passes decoding, but this agent refuses it
+
+
+class PoisonedAgent(MLPAgent):
+    """CartPole's MLP, except that it raises on an observation above POISON (a stand-in for
+    any input a model cannot take: a wrong token id, a value that overflows a kernel)."""
+
+    def torso(self, observation):
+        if bool((observation["observation"].abs() > POISON).any()):
+            raise ValueError("Expected parameter logits to satisfy the constraint Real(), but found invalid values")
+        return super().torso(observation)
+
+
+class PoisonedCartPole(CartPoleProblem):
+    def make_agent(self):
+        (spec,) = self.observation_specs()
+        return PoisonedAgent(spec.shape[0], self.policy_logits_size(), self.config.hidden_sizes, shared_torso=False)
+
+
+@pytest.fixture
+def learner_and_healthy_actor(tmp_path):
+    """A CartPole learner whose batches wait for every connected env, and one healthy actor
+    training on it in a thread."""
+    config = LearnerConfig(bind="127.0.0.1:0", logdir=str(tmp_path), batch_size=4, unroll_length=10,
+                           inference_timeout_ms=500, summary_interval_s=0.5)
+    learner = Learner(config, problem=PoisonedCartPole())
+    learner_thread = threading.Thread(target=learner.run, daemon=True)
+    learner_thread.start()
+    healthy = Actor(ActorConfig(learner_address=learner.address, problem="cartpole", num_envs=8, actor_id="healthy"))
+    errors = []
+    actor_thread = threading.Thread(target=lambda: _run(healthy, errors), daemon=True)
+    actor_thread.start()
+    _wait(lambda: learner.policy.version >= 2, "training to start")
+    yield learner, healthy, errors
+    learner.finish("test over")
+    actor_thread.join(timeout=30)
+    learner_thread.join(timeout=30)
+    assert not errors, errors
+
+
+def _run(actor, errors):
+    try:
+        actor.run()
+    except Exception as e:  # reported by the fixture
+        errors.append(e)
+
+
+def _wait(condition, what, timeout_s=60.0):
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.02)
+
+
+def _refusal(learner, raw_actor, wire, observation):
+    bad = raw_actor(learner.address)
+    assert bad.send(wire.handshake(actor_id="bad")).WhichOneof("kind") == "accepted"
+    with pytest.raises(grpc.RpcError) as info:
+        bad.send(wire.cartpole_step(obs=observation))
+    return info.value
+
+
+def _still_training(learner, healthy):
+    version, steps = learner.policy.version, healthy.steps_sent
+    _wait(lambda: learner.policy.version > version + 2 and healthy.steps_sent > steps + 20, "more training")
+    assert learner.service.connected_actors == 1 and not learner.is_finished()
+
+
+def test_a_nan_observation_is_refused_by_name_and_the_healthy_actor_keeps_training(
+        learner_and_healthy_actor, raw_actor, wire):
+    learner, healthy, _ = learner_and_healthy_actor
+    observation = np.zeros((2, 4), np.float32)
+    observation[1, 2] = np.nan
+    error = _refusal(learner, raw_actor, wire, observation)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "actor 'bad': observation 'observation': env 1 has a NaN or infinite value" in error.details()
+    assert learner.service.rejected_messages == 1
+    _still_training(learner, healthy)
+
+
+def test_a_step_that_breaks_a_shared_batch_fails_alone_and_its_batch_mates_are_served(
+        learner_and_healthy_actor, raw_actor, wire):
+    learner, healthy, _ = learner_and_healthy_actor
+    observation = np.zeros((2, 4), np.float32)
+    observation[0, 0] = 2 * POISON
+    error = _refusal(learner, raw_actor, wire, observation)
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "actor 'bad': the learner's inference failed on this step: ValueError" in error.details()
+    # It failed inside a batch shared with the healthy actor's envs, which was then retried
+    # request by request: the healthy request got its actions, the poisoned one its error.
+    assert learner.batcher.isolated_failures >= 1
+    assert learner.service.rejected_messages == 1
+    _still_training(learner, healthy)
+    with torch.no_grad():  # and the model itself is unharmed
+        out, _ = learner.agent.step({"observation": torch.zeros(1, 4)}, torch.ones(1, dtype=torch.bool), ())
+    assert torch.isfinite(out["policy_logits"]).all()
