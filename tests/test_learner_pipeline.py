@@ -7,6 +7,8 @@ state stored at each unroll's start, the `first` flags and the one-step overlap 
 
 import threading
 
+import gymnasium as gym
+import numpy as np
 import pytest
 import torch
 
@@ -15,6 +17,8 @@ from fleetrl.actor.config import ActorConfig
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
 from fleetrl.problems import load_problem
+from fleetrl.problems.cartpole import CartPoleProblem
+from fleetrl.proto.tensors import TensorSpec
 
 T = 10
 
@@ -105,3 +109,42 @@ def test_chunks_of_actions_reach_the_learner_with_each_actions_reward(serving_le
         replayed = learner.problem.action_log_prob(outputs, batch.action)
     assert replayed.shape == (T + 1, 9, 4)
     torch.testing.assert_close(replayed, batch.behaviour_log_prob, rtol=1e-5, atol=1e-5)
+
+
+class StepCost(gym.Wrapper):
+    """A user's own per-step feature: each step's cost, in the step's info."""
+
+    def step(self, action):
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        return obs, reward, terminated, truncated, {**info, "cost": np.float32(abs(obs[2]))}
+
+
+class CostedCartPole(CartPoleProblem):
+    """Declares the feature's extra: the only change a new per-step field needs."""
+
+    def make_actor_env(self):
+        return StepCost(super().make_actor_env())
+
+    def extra_specs(self):
+        return super().extra_specs() + (TensorSpec("cost", np.dtype(np.float32), ()),)
+
+
+def test_a_users_own_per_step_field_reaches_the_batch_by_name(tmp_path):
+    problem = CostedCartPole(CartPoleProblem.Config(max_episode_steps=15))
+    learner = Learner(LearnerConfig(bind="127.0.0.1:0", logdir=str(tmp_path), unroll_length=T,
+                                    unroll_queue_size=10_000), problem=problem)
+    learner.server.start()
+    learner.batcher.start()
+    try:
+        actor = Actor(ActorConfig(learner_address=learner.address, problem="cartpole", num_envs=3), problem)
+        actor.run(max_steps=2 * T + 1)
+        batch = learner.unrolls.get_batch(learner.unrolls.qsize())
+    finally:
+        learner.finish("test over")
+        learner.batcher.stop()
+        learner.server.stop(0).wait()
+    cost = batch.extras["cost"]
+    assert cost.shape == batch.reward.shape and cost.dtype == torch.float32
+    # The cost is |pole angle| of the observation the step arrived at; a reset reports none (0).
+    torch.testing.assert_close(cost[~batch.first], batch.observation["observation"][..., 2].abs()[~batch.first])
+    assert torch.all(cost[batch.first] == 0)
