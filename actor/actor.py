@@ -69,8 +69,6 @@ class Actor:
             problem_name, problem = self.config.problem or self._problem.name, self._problem
         else:
             problem_name, problem = self._problem_from_learner()
-        if self.config.mode not in ("train", "eval"):
-            raise ActorError(f"unknown actor mode {self.config.mode!r}; use train or eval")
         if self.config.mode == "eval":
             episodes = EvalEpisodes(problem, self.config.num_envs)
             try:

@@ -94,6 +94,9 @@ class ClippedNormal(Distribution):
         return self.entropy_per_dimension().sum(-1)
 
 
+SQUASHES = ("tanh", "clip")
+
+
 def bounded_normal(kind: str, mean: torch.Tensor, log_std: torch.Tensor, low, high) -> Distribution:
     """`kind` is "tanh" (SquashedNormal) or "clip" (ClippedNormal)."""
     low = torch.as_tensor(low, dtype=mean.dtype, device=mean.device)

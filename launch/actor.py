@@ -2,7 +2,7 @@
 
 Without --problem the actor asks the learner which Problem it serves. Exit code 0 when the
 learner ends the run, 1 when the learner refuses the actor or stays unreachable for
---max_reconnect_s.
+--max_reconnect_s, 2 for a bad flag.
 """
 
 from __future__ import annotations
@@ -21,7 +21,11 @@ FLAGS = flags.FLAGS
 
 def main(argv: list[str]) -> int:
     del argv
-    config = from_flags(ActorConfig)
+    try:
+        config = from_flags(ActorConfig)
+    except ValueError as e:
+        logging.error("%s", e)
+        return 2
     try:
         Actor(config).run()
     except ActorError as e:

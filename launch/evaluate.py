@@ -19,31 +19,22 @@ import sys
 
 import numpy as np
 import torch
-from absl import app, flags, logging
+from absl import app, logging
 from torch.utils.tensorboard import SummaryWriter
 
 from fleetrl.actor.eval_episodes import EvalEpisodes
+from fleetrl.launch.configs import EvaluateConfig
 from fleetrl.launch.episode_recorder import EpisodeRecorder
-from fleetrl.learner.checkpoint import CheckpointError, check_fits, load_checkpoint
+from fleetrl.launch.flags import define_flags, from_flags
+from fleetrl.learner.checkpoint import check_fits, load_checkpoint
 from fleetrl.learner.env_state_store import build_state_store
 from fleetrl.learner.eval_inference import EvalInference, EvalRequest
 from fleetrl.learner.inference import StepRequest
 from fleetrl.problems.hparams import parse_hparams
-from fleetrl.problems.registry import UnknownProblemError, load_problem
+from fleetrl.problems.registry import load_problem
 from fleetrl.proto.run_ids import new_run_ids
 
-flags.DEFINE_string("checkpoint", None, "A checkpoint file (ckpt-*.pt or best.pt).")
-flags.DEFINE_string("problem", "", "The Problem; default: the checkpoint's.")
-flags.DEFINE_string("hparams", None, "The Problem's config overrides; default: the checkpoint's.")
-flags.DEFINE_integer("episodes", 0, "Episodes of the eval set to play; 0: the Problem's eval_episodes.")
-flags.DEFINE_integer("num_envs", 8, "Envs played at once.")
-flags.DEFINE_string("output", "", "Where to write the metrics JSON and recordings; default: <checkpoint>-eval/.")
-flags.DEFINE_boolean("record", False, "Save episodes from image observations as animations.")
-flags.DEFINE_integer("record_episodes", 4, "How many episodes (the first ones) --record saves.")
-flags.DEFINE_enum("record_format", "gif", ["gif", "mp4"], "File format of recorded episodes.")
-flags.DEFINE_float("record_fps", 10.0, "Frames per second of recorded episodes.")
-flags.DEFINE_string("device", "cpu", "Torch device.")
-FLAGS = flags.FLAGS
+define_flags(EvaluateConfig)
 
 
 def evaluate(problem, agent: torch.nn.Module, episodes: int, num_envs: int, device: torch.device,
@@ -78,28 +69,26 @@ def evaluate(problem, agent: torch.nn.Module, episodes: int, num_envs: int, devi
 
 def main(argv: list[str]) -> int:
     del argv
-    if not FLAGS.checkpoint:
-        logging.error("--checkpoint is required")
-        return 2
     try:
-        checkpoint = load_checkpoint(FLAGS.checkpoint, FLAGS.device)
-        name = FLAGS.problem or checkpoint["problem"]
-        hparams = checkpoint["hparams"] if FLAGS.hparams is None else parse_hparams(FLAGS.hparams)
+        config = from_flags(EvaluateConfig)
+        checkpoint = load_checkpoint(config.checkpoint, config.device)
+        name = config.problem or checkpoint["problem"]
+        hparams = checkpoint["hparams"] if config.hparams is None else parse_hparams(config.hparams)
         problem = load_problem(name, hparams)
-        agent = problem.make_agent().to(FLAGS.device)
-        check_fits(checkpoint, name, agent, FLAGS.checkpoint)
-    except (CheckpointError, UnknownProblemError) as e:
+        agent = problem.make_agent().to(config.device)
+        check_fits(checkpoint, name, agent, config.checkpoint)
+    except ValueError as e:  # a bad flag, an unknown Problem, a checkpoint that does not fit
         logging.error("%s", e)
         return 2
     agent.load_state_dict(checkpoint["model"])
     agent.eval()
-    episodes = FLAGS.episodes or problem.num_eval_episodes()
-    output = FLAGS.output or os.path.splitext(FLAGS.checkpoint)[0] + "-eval"
-    recorder = (EpisodeRecorder(problem, output, FLAGS.record_episodes, FLAGS.record_fps, FLAGS.record_format)
-                if FLAGS.record else None)
+    episodes = config.episodes or problem.num_eval_episodes()
+    output = config.output or os.path.splitext(config.checkpoint)[0] + "-eval"
+    recorder = (EpisodeRecorder(problem, output, config.record_episodes, config.record_fps, config.record_format)
+                if config.record else None)
     with torch.no_grad():
         records: list[dict] = []
-        per_episode = evaluate(problem, agent, episodes, FLAGS.num_envs, torch.device(FLAGS.device), recorder,
+        per_episode = evaluate(problem, agent, episodes, config.num_envs, torch.device(config.device), recorder,
                                records)
 
     names = sorted({k for metrics in per_episode for k in metrics})
@@ -110,7 +99,7 @@ def main(argv: list[str]) -> int:
         stats = (np.mean(values), np.std(values), np.min(values), np.max(values))
         print(f"{n:<16} " + " ".join(f"{v:>10.3f}" for v in stats))
     os.makedirs(output, exist_ok=True)
-    report = {"problem": name, "hparams": hparams, "checkpoint": os.path.abspath(FLAGS.checkpoint),
+    report = {"problem": name, "hparams": hparams, "checkpoint": os.path.abspath(config.checkpoint),
               "policy_version": checkpoint["policy_version"], "episodes": episodes,
               "metrics": {n: float(np.mean(v)) for n, v in table.items()}, "per_episode": per_episode}
     with open(os.path.join(output, "metrics.json"), "w") as f:

@@ -19,7 +19,6 @@ from fleetrl.common.files import atomic_write_text
 from fleetrl.launch.flags import define_flags, define_problem_flags, learner_config_from_flags
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
-from fleetrl.problems.registry import UnknownProblemError
 
 define_flags(LearnerConfig)
 FLAGS = flags.FLAGS
@@ -27,10 +26,10 @@ FLAGS = flags.FLAGS
 
 def main(argv: list[str]) -> int:
     del argv
-    config = learner_config_from_flags()
     try:
+        config = learner_config_from_flags()
         learner = Learner(config)
-    except (UnknownProblemError, ValueError) as e:
+    except ValueError as e:  # a bad flag or hparam, an unknown Problem, a checkpoint that does not fit
         logging.error("%s", e)
         return 2
     if not config.bind.startswith(("127.", "localhost", "unix:", "[::1]")) and not learner.authenticated:

@@ -20,11 +20,11 @@ import time
 import grpc
 from absl import app, flags
 
-from fleetrl.actor.config import ActorConfig
+from fleetrl.launch.configs import FleetConfig, LocalConfig
 from fleetrl.launch.flags import (
     define_flags,
     define_problem_flags,
-    launch_flags_with_problem_defaults,
+    from_flags,
     learner_config_from_flags,
     timestamped_logdir,
     to_argv,
@@ -36,28 +36,9 @@ from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
 
 define_flags(LearnerConfig, skip=("bind",))
-flags.DEFINE_integer("num_actors", 2, "Actor processes to start.")
-flags.DEFINE_integer("envs_per_actor", 32, "Envs each actor steps.")
-flags.DEFINE_boolean("async_envs", False, "Actors step their envs in subprocesses.")
-flags.DEFINE_integer("num_eval_actors", 0, "Eval actor processes: they play the Problem's eval set each eval round.")
-flags.DEFINE_integer("eval_envs_per_actor", 8, "Envs each eval actor plays at once.")
-flags.DEFINE_float("max_reconnect_s", 60.0, "Actors give up after this long without the learner.")
-flags.DEFINE_integer("tensorboard_port", 0, "Also start TensorBoard on this port (0: don't).")
-flags.DEFINE_float("progress_interval_s", 1.0, "Seconds between progress updates.")
+define_flags(FleetConfig)
+define_flags(LocalConfig, skip=("learner", "fleet"))
 FLAGS = flags.FLAGS
-
-
-@dataclasses.dataclass
-class LocalConfig:
-    learner: LearnerConfig
-    num_actors: int
-    envs_per_actor: int
-    async_envs: bool
-    max_reconnect_s: float
-    num_eval_actors: int
-    eval_envs_per_actor: int
-    tensorboard_port: int
-    progress_interval_s: float
 
 
 def launch(config: LocalConfig) -> int:
@@ -80,25 +61,16 @@ def launch(config: LocalConfig) -> int:
         if address is None:
             print(f"the learner exited before serving:\n{learner.tail()}", file=sys.stderr)
             return 1
-        actors = [
-            children.start(f"actor-{i}", python + ["fleetrl.launch.actor", *to_argv(ActorConfig(
-                learner_address=address, problem=learner_cfg.problem, num_envs=config.envs_per_actor,
-                actor_id=f"local-{i}", seed=learner_cfg.seed * 1000 + i, async_envs=config.async_envs,
-                max_reconnect_s=config.max_reconnect_s))], os.path.join(logs, f"actor-{i}.log"))
-            for i in range(config.num_actors)
-        ] + [
-            children.start(f"eval-actor-{i}", python + ["fleetrl.launch.actor", *to_argv(ActorConfig(
-                learner_address=address, problem=learner_cfg.problem, num_envs=config.eval_envs_per_actor,
-                actor_id=f"local-eval-{i}", mode="eval", max_reconnect_s=config.max_reconnect_s))],
-                os.path.join(logs, f"eval-actor-{i}.log"))
-            for i in range(config.num_eval_actors)
-        ]
+        actors = [children.start(name, python + ["fleetrl.launch.actor", *to_argv(actor_config)],
+                                 os.path.join(logs, f"{name}.log"))
+                  for name, actor_config in config.fleet.actor_configs(learner_cfg, address, id_prefix="local-")]
         if config.tensorboard_port and shutil.which("tensorboard"):
             children.start("tensorboard", ["tensorboard", f"--logdir={learner_cfg.logdir}",
                                            f"--port={config.tensorboard_port}"], os.path.join(logs, "tensorboard.log"))
-        evals = f", {config.num_eval_actors} eval actors" if config.num_eval_actors else ""
-        print(f"fleetrl: {learner_cfg.problem} on {address}, {config.num_actors} actors x "
-              f"{config.envs_per_actor} envs{evals}; logs in {logs}")
+        fleet = config.fleet
+        evals = f", {fleet.num_eval_actors} eval actors" if fleet.num_eval_actors else ""
+        print(f"fleetrl: {learner_cfg.problem} on {address}, {fleet.num_actors} actors x "
+              f"{fleet.envs_per_actor} envs{evals}; logs in {logs}")
         crashed = []
         with grpc.insecure_channel(address) as channel:
             stub = pb_grpc.LearnerStub(channel)
@@ -153,15 +125,15 @@ def _report(logdir: str, code: int, learner, tensorboard_port: int) -> int:
 
 def main(argv: list[str]) -> int:
     del argv
-    learner = learner_config_from_flags(bind="127.0.0.1:0")
-    if FLAGS["logdir"].using_default_value:
-        learner = dataclasses.replace(learner, logdir=timestamped_logdir(learner.problem))
-    given = launch_flags_with_problem_defaults(("num_actors", "envs_per_actor", "eval_envs_per_actor"))
-    return launch(LocalConfig(
-        learner=learner, num_actors=given["num_actors"], envs_per_actor=given["envs_per_actor"],
-        async_envs=FLAGS.async_envs, max_reconnect_s=FLAGS.max_reconnect_s,
-        num_eval_actors=FLAGS.num_eval_actors, eval_envs_per_actor=given["eval_envs_per_actor"],
-        tensorboard_port=FLAGS.tensorboard_port, progress_interval_s=FLAGS.progress_interval_s))
+    try:
+        learner = learner_config_from_flags(bind="127.0.0.1:0")
+        if FLAGS["logdir"].using_default_value:
+            learner = dataclasses.replace(learner, logdir=timestamped_logdir(learner.problem))
+        config = from_flags(LocalConfig, learner=learner, fleet=from_flags(FleetConfig))
+    except ValueError as e:  # a bad flag or hparam, or an unknown Problem
+        print(f"fleetrl: {e}", file=sys.stderr)
+        return 2
+    return launch(config)
 
 
 def run() -> None:

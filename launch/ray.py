@@ -22,7 +22,6 @@ learner failed, or when every actor ran out of restarts; 2 when no Ray cluster a
 from __future__ import annotations
 
 import dataclasses
-import json
 import signal
 import sys
 import time
@@ -31,11 +30,11 @@ from typing import Any
 import ray
 from absl import app, flags
 
-from fleetrl.actor.config import ActorConfig
+from fleetrl.launch.configs import FleetConfig, RayConfig
 from fleetrl.launch.flags import (
     define_flags,
     define_problem_flags,
-    launch_flags_with_problem_defaults,
+    from_flags,
     learner_config_from_flags,
     timestamped_logdir,
 )
@@ -45,44 +44,11 @@ from fleetrl.learner.config import LearnerConfig
 from fleetrl.proto import learner_pb2 as pb
 
 define_flags(LearnerConfig, skip=("bind",))
-flags.DEFINE_string("address", "auto",
-                    "The Ray cluster: auto (the one this machine belongs to), or host:port of its head.")
-flags.DEFINE_integer("learner_port", 0, "Port the learner serves on, on its node (0: any free one).")
-flags.DEFINE_string("learner_resources", '{"CPU": 1}', "Ray resources of the learner, JSON: CPU, GPU and custom ones.")
-flags.DEFINE_integer("num_actors", 2, "Actors to start.")
-flags.DEFINE_integer("envs_per_actor", 32, "Envs each actor steps.")
-flags.DEFINE_string("actor_resources", '{"CPU": 1}', "Ray resources of each actor, JSON.")
-flags.DEFINE_integer("num_eval_actors", 0, "Eval actors: they play the Problem's eval set each eval round.")
-flags.DEFINE_integer("eval_envs_per_actor", 8, "Envs each eval actor plays at once.")
-flags.DEFINE_string("eval_actor_resources", '{"CPU": 1}', "Ray resources of each eval actor, JSON.")
-flags.DEFINE_integer("max_restarts", 10, "Times Ray restarts a crashed actor (-1: without limit).")
-flags.DEFINE_boolean("async_envs", False, "Actors step their envs in subprocesses.")
-flags.DEFINE_float("max_reconnect_s", 60.0, "Actors give up after this long without the learner.")
-flags.DEFINE_string("tls_ca", "", "Actors: CA (PEM) that signed the learner's certificate; turns TLS on.")
-flags.DEFINE_string("actor_tls_cert", "", "Actors' client certificate (PEM), for mutual TLS.")
-flags.DEFINE_string("actor_tls_key", "", "Private key (PEM) of --actor_tls_cert.")
-flags.DEFINE_string("tls_server_name", "", "The host name in the learner's certificate, when it differs from its IP.")
-flags.DEFINE_float("start_timeout_s", 600.0,
-                   "Give up when the learner is not serving after this long (placement included).")
-flags.DEFINE_float("progress_interval_s", 1.0, "Seconds between progress updates.")
-flags.DEFINE_boolean("log_to_driver", False, "Also print the learner's and actors' logs here (Ray's log_to_driver).")
+define_flags(FleetConfig)
+define_flags(RayConfig, skip=("learner", "fleet"))
 FLAGS = flags.FLAGS
 
 ACTORS_GONE = "every actor is out of restarts"
-
-
-@dataclasses.dataclass
-class RayLaunchConfig:
-    address: str
-    learner: LearnerConfig
-    learner_resources: dict[str, float]
-    actors: list[tuple[str, ActorConfig]]  # (name, config), eval actors included
-    actor_resources: dict[str, float]
-    eval_actor_resources: dict[str, float]
-    max_restarts: int
-    start_timeout_s: float
-    progress_interval_s: float
-    log_to_driver: bool
 
 
 def ray_options(resources: dict[str, float]) -> dict[str, Any]:
@@ -92,7 +58,7 @@ def ray_options(resources: dict[str, float]) -> dict[str, Any]:
             "resources": custom}
 
 
-def launch(config: RayLaunchConfig) -> int:
+def launch(config: RayConfig) -> int:
     try:
         ray.init(address=config.address, log_to_driver=config.log_to_driver)
     except ConnectionError as e:
@@ -106,7 +72,7 @@ def launch(config: RayLaunchConfig) -> int:
     try:
         # The learner is not restarted: a new one would serve elsewhere, from its last checkpoint.
         learner = ray.remote(FleetrlLearner).options(
-            max_restarts=0, max_concurrency=4, **ray_options(config.learner_resources)
+            max_restarts=0, max_concurrency=4, **ray_options(config.resources("learner_resources"))
         ).remote(dataclasses.asdict(config.learner))
         handles.append(learner)
         info = _learner_info(learner, config.start_timeout_s, stop_requested)
@@ -115,12 +81,15 @@ def launch(config: RayLaunchConfig) -> int:
         print(f"fleetrl: {config.learner.problem} learner on node {info['node_id'][:8]} ({info['ip']}), "
               f"serving {info['address']}, logdir {info['logdir']} on that node")
         actors = {}
-        for name, actor_config in config.actors:
-            resources = config.eval_actor_resources if actor_config.mode == "eval" else config.actor_resources
+        security = dict(auth_token_file=config.learner.auth_token_file, tls_ca=config.tls_ca,
+                        tls_cert=config.actor_tls_cert, tls_key=config.actor_tls_key,
+                        tls_server_name=config.tls_server_name)
+        for name, actor_config in config.fleet.actor_configs(config.learner, info["address"], **security):
+            resources = config.resources("eval_actor_resources" if actor_config.mode == "eval" else "actor_resources")
             handle = ray.remote(FleetrlActor).options(
                 max_restarts=config.max_restarts, max_concurrency=2, scheduling_strategy="SPREAD",
                 **ray_options(resources)
-            ).remote(dataclasses.asdict(dataclasses.replace(actor_config, learner_address=info["address"])))
+            ).remote(dataclasses.asdict(actor_config))
             actors[name] = handle
             handles.append(handle)
         summary = _serve(learner, actors, config.progress_interval_s, stop_requested)
@@ -229,35 +198,15 @@ def _watch(actors: dict[str, Any], watch: _Watch, progress: Progress) -> None:
 
 def main(argv: list[str]) -> int:
     del argv
-    learner = learner_config_from_flags(bind=f"0.0.0.0:{FLAGS.learner_port}")
-    if FLAGS["logdir"].using_default_value:
-        learner = dataclasses.replace(learner, logdir=timestamped_logdir(learner.problem))
-    given = launch_flags_with_problem_defaults(("num_actors", "envs_per_actor", "eval_envs_per_actor"))
-    security = dict(auth_token_file=learner.auth_token_file, tls_ca=FLAGS.tls_ca, tls_cert=FLAGS.actor_tls_cert,
-                    tls_key=FLAGS.actor_tls_key, tls_server_name=FLAGS.tls_server_name)
-    actors = [(f"actor-{i}", ActorConfig(problem=learner.problem, num_envs=given["envs_per_actor"],
-                                         seed=learner.seed * 1000 + i, async_envs=FLAGS.async_envs,
-                                         max_reconnect_s=FLAGS.max_reconnect_s, **security))
-              for i in range(given["num_actors"])]
-    actors += [(f"eval-actor-{i}", ActorConfig(problem=learner.problem, num_envs=given["eval_envs_per_actor"],
-                                               mode="eval", max_reconnect_s=FLAGS.max_reconnect_s, **security))
-               for i in range(FLAGS.num_eval_actors)]
-    resources = {}
-    for name in ("learner_resources", "actor_resources", "eval_actor_resources"):
-        try:
-            resources[name] = json.loads(FLAGS[name].value)
-        except json.JSONDecodeError:
-            resources[name] = None
-        if not isinstance(resources[name], dict) or not all(
-                isinstance(v, (int, float)) for v in resources[name].values()):
-            print(f"--{name} takes a JSON object of amounts, such as '{{\"CPU\": 1, \"GPU\": 1}}', "
-                  f"not {FLAGS[name].value!r}", file=sys.stderr)
-            return 2
-    return launch(RayLaunchConfig(
-        address=FLAGS.address, learner=learner, learner_resources=resources["learner_resources"], actors=actors,
-        actor_resources=resources["actor_resources"], eval_actor_resources=resources["eval_actor_resources"],
-        max_restarts=FLAGS.max_restarts, start_timeout_s=FLAGS.start_timeout_s,
-        progress_interval_s=FLAGS.progress_interval_s, log_to_driver=FLAGS.log_to_driver))
+    try:
+        learner = learner_config_from_flags(bind=f"0.0.0.0:{FLAGS.learner_port}")
+        if FLAGS["logdir"].using_default_value:
+            learner = dataclasses.replace(learner, logdir=timestamped_logdir(learner.problem))
+        config = from_flags(RayConfig, learner=learner, fleet=from_flags(FleetConfig))
+    except ValueError as e:  # a bad flag, resource request or hparam, or an unknown Problem
+        print(f"fleetrl: {e}", file=sys.stderr)
+        return 2
+    return launch(config)
 
 
 def run() -> None:

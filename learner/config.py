@@ -1,69 +1,89 @@
-"""The learner's configuration, built once at the entry point and passed down."""
+"""The learner's configuration, built once at the entry point and passed down.
+
+Every field is also a flag of `launch.learner`, `launch.local` and `launch.ray`, with the
+help text given here. The settings a Problem may choose (`problem_setting`) are filled in
+`__post_init__` from the Problem's `learner_defaults` when left unset, so
+`LearnerConfig(problem="r2r")` is the same config as `--problem=r2r` on the command line.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 
+from fleetrl.common.settings import check_choice, check_range, fill_problem_settings, problem_setting, setting
+from fleetrl.problems.registry import problem_class
+
 
 @dataclasses.dataclass
 class LearnerConfig:
-    problem: str = "cartpole"
-    # The Problem's own config overrides, key=value (see fleetrl.problems.hparams).
-    hparams: dict[str, str] = dataclasses.field(default_factory=dict)
-    logdir: str = "runs/default"
-    # host:port, or unix:/path. The default serves this machine only.
-    bind: str = "127.0.0.1:8686"
-    unroll_length: int = 20
-    # Small batches mean more updates per env step; raise it with the fleet's size.
-    batch_size: int = 8
-    # Envs per forward pass; a batch flushes at this size or after the timeout.
-    inference_batch_size: int = 64
-    inference_timeout_ms: float = 5.0
-    # Finished unrolls waiting for the trainer. Bounds memory and policy lag.
-    unroll_queue_size: int = 64
-    # 0 means no limit.
-    total_env_steps: int = 0
-    # Stop once the mean return of the last `return_window` episodes reaches this.
-    target_mean_return: float | None = None
-    return_window: int = 100
-    # Hold inference while the trainer updates (SEED RL's block_inference_on_training):
-    # with it, PPO trains on data at most one update behind.
-    block_inference_on_training: bool = False
-    summary_interval_s: float = 5.0
-    # Threads for torch ops in each of the inference and training threads. One is fastest
-    # for small models on small machines; raise it for big models on many cores.
-    torch_threads: int = 1
-    # Concurrent actor streams served (one gRPC worker thread each).
-    max_actors: int = 64
-    # A handshake asking for more envs is refused: each env holds a partial unroll.
-    max_envs_per_actor: int = 1024
-    # Largest message accepted; a larger one is rejected with INVALID_ARGUMENT, up to the
-    # transport's hard cap of 4x this (beyond it gRPC answers RESOURCE_EXHAUSTED).
-    max_message_mb: int = 64
-    device: str = "cpu"
-    seed: int = 0
+    problem: str = setting("cartpole", "A registered Problem name (see fleetrl.problems.registry) or an import "
+                                       "path module:Class.")
+    hparams: dict[str, str] = setting(
+        default_factory=dict,
+        help_text="Overrides of the Problem's config, e.g. learning_rate=3e-4,hidden_sizes=[128,128] (see "
+                  "fleetrl.problems.hparams); each is also a flag of its own, --learning_rate=3e-4.")
+    logdir: str = setting("runs/default", "Where TensorBoard summaries, checkpoints and run files go.")
+    bind: str = setting("127.0.0.1:8686", "Address the learner serves: host:port (port 0 picks a free one) or "
+                                          "unix:/path. The default serves this machine only; use 0.0.0.0:PORT to "
+                                          "serve other hosts.")
+    unroll_length: int | None = problem_setting(20, "T: each unroll has T+1 steps, the first being the previous "
+                                                    "unroll's last.")
+    batch_size: int | None = problem_setting(8, "B: unrolls per trainer step. Small batches mean more updates per "
+                                                "env step; raise it with the fleet's size.")
+    inference_batch_size: int | None = problem_setting(64, "Envs per inference forward pass: a batch flushes at "
+                                                           "this size, or when it holds every connected env...")
+    inference_timeout_ms: float = setting(5.0, "...or this long after its first request arrived.")
+    unroll_queue_size: int | None = problem_setting(64, "Finished unrolls waiting for the trainer; when full, "
+                                                        "inference waits (bounds memory and policy lag).")
+    total_env_steps: int = setting(0, "Stop after this many env steps (transitions); 0: no limit.")
+    target_mean_return: float | None = setting(None, "Stop once the mean return of the last return_window "
+                                                     "episodes reaches this.")
+    return_window: int = setting(100, "Episodes in the recent-return window.")
+    block_inference_on_training: bool | None = problem_setting(
+        False, "Hold inference while the trainer updates (SEED RL's option of that name), so that PPO trains on "
+               "data at most one update behind.")
+    summary_interval_s: float = setting(5.0, "Seconds between TensorBoard writes.")
+    torch_threads: int = setting(1, "torch intra-op threads of each of the inference and training threads. 1 is "
+                                    "fastest for small models on few cores.")
+    max_actors: int = setting(64, "Actor streams served at once (one gRPC worker thread each).")
+    max_envs_per_actor: int = setting(1024, "Largest num_envs an actor's handshake may ask for (each env holds a "
+                                            "partial unroll).")
+    max_message_mb: int = setting(64, "Largest message accepted, in MiB; a larger one is refused with "
+                                      "INVALID_ARGUMENT (up to the transport's hard cap of 4x this).")
+    device: str = setting("cpu", "Torch device of the model: cpu, cuda, cuda:1, ...")
+    seed: int = setting(0, "Random seed.")
 
-    # Evaluation: eval actors (actor --mode=eval) play the Problem's eval set once per
-    # round, with the weights frozen at the round's start; a round starts at most this often.
-    eval_interval_s: float = 30.0
-    # Checkpoints in <logdir>/checkpoints: every checkpoint_interval_s seconds and/or every
-    # checkpoint_every_steps trainer steps (0: off), and at the end of the run. A restart
-    # on the same logdir resumes from the latest.
-    checkpoint_interval_s: float = 300.0
-    checkpoint_every_steps: int = 0
-    keep_checkpoints: int = 3
-    # best.pt holds the eval round with the best mean of this episode metric.
-    best_metric: str = "return"
-    best_mode: str = "max"  # or "min"
-    # Warm start: the weights (only) of this checkpoint, into a new run.
-    init_checkpoint: str = ""
+    eval_interval_s: float | None = problem_setting(30.0, "Eval rounds (eval actors play the Problem's eval set "
+                                                          "with the weights frozen at the round's start) start at "
+                                                          "most this often.")
+    checkpoint_interval_s: float = setting(300.0, "Write a checkpoint this often, in seconds (0: off); one is "
+                                                  "always written at the end. A restart on the same logdir "
+                                                  "resumes from the latest.")
+    checkpoint_every_steps: int = setting(0, "Also write one every this many trainer steps (0: off).")
+    keep_checkpoints: int = setting(3, "Periodic checkpoints kept in <logdir>/checkpoints (best.pt is kept apart).")
+    best_metric: str | None = problem_setting("return", "Eval episode metric whose best round's weights go to "
+                                                        "checkpoints/best.pt.")
+    best_mode: str | None = problem_setting("max", "max or min: which way best_metric is better.")
+    init_checkpoint: str = setting("", "Warm start: load only the weights of this checkpoint into a new run.")
 
-    # Security (see fleetrl.learner.security). A shared token, read from this file or from
-    # $FLEETRL_AUTH_TOKEN: calls without it get UNAUTHENTICATED.
-    auth_token_file: str = ""
-    # TLS: the server's certificate and key (PEM); with a client CA, mutual TLS.
-    tls_cert: str = ""
-    tls_key: str = ""
-    tls_client_ca: str = ""
-    # A stream that sends no handshake within this long is cancelled.
-    handshake_timeout_s: float = 10.0
+    # Security (see fleetrl.learner.security).
+    auth_token_file: str = setting("", "File holding the shared auth token (else $FLEETRL_AUTH_TOKEN); calls "
+                                       "without it are refused with UNAUTHENTICATED.")
+    tls_cert: str = setting("", "TLS certificate (PEM) of the learner.")
+    tls_key: str = setting("", "Private key (PEM) of --tls_cert.")
+    tls_client_ca: str = setting("", "CA (PEM) that must have signed the actors' certificates (mutual TLS).")
+    handshake_timeout_s: float = setting(10.0, "A stream that sends no handshake within this long is ended with "
+                                               "DEADLINE_EXCEEDED.")
+
+    def __post_init__(self):
+        # Unknown Problems fail here, by name (UnknownProblemError is a ValueError).
+        fill_problem_settings(self, problem_class(self.problem).learner_defaults)
+        for name in ("unroll_length", "batch_size", "inference_batch_size", "unroll_queue_size", "return_window",
+                     "torch_threads", "max_actors", "max_envs_per_actor", "max_message_mb", "keep_checkpoints"):
+            check_range(name, getattr(self, name), low=1)
+        for name in ("inference_timeout_ms", "total_env_steps", "eval_interval_s",
+                     "checkpoint_interval_s", "checkpoint_every_steps"):
+            check_range(name, getattr(self, name), low=0)
+        for name in ("summary_interval_s", "handshake_timeout_s"):
+            check_range(name, getattr(self, name), low=0, low_open=True)
+        check_choice("best_mode", self.best_mode, ("max", "min"))

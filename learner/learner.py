@@ -122,6 +122,11 @@ class Learner:
 
     def run(self) -> RunSummary:
         os.makedirs(self.config.logdir, exist_ok=True)
+        # The whole config as resolved (the Problem's defaults included): what this run trains with.
+        atomic_write_json(os.path.join(self.config.logdir, "config.json"), {
+            "learner": dataclasses.asdict(self.config),
+            "problem": {"class": f"{type(self.problem).__module__}:{type(self.problem).__qualname__}",
+                        "config": dataclasses.asdict(self.problem.config)}}, indent=2)
         summaries = TrainSummaries(self.config.logdir, self.scalars, self.inference, self.policy, self._gauges,
                                    resumed=self.resumed_from is not None)
         self.eval_results.open(resumed=self.resumed_from is not None)

@@ -22,19 +22,16 @@ from collections.abc import Mapping
 
 import torch
 
+from fleetrl.common.settings import check_choice
 from fleetrl.envs.action_chunks import ACTION_REWARDS, ACTIONS_EXECUTED
 from fleetrl.losses.backward_scan import discounted_backward_sum
+from fleetrl.losses.config import LOGPROB_TYPES, REWARD_TYPES
 from fleetrl.losses.gae import GAEReturns
-
-REWARD_TYPES = ("chunk_level", "action_level")
-LOGPROB_TYPES = ("chunk_level", "action_level", "token_level")
 
 
 def check_types(reward_type: str, logprob_type: str) -> None:
-    if reward_type not in REWARD_TYPES:
-        raise ValueError(f"unknown reward_type {reward_type!r}; use one of {', '.join(REWARD_TYPES)}")
-    if logprob_type not in LOGPROB_TYPES:
-        raise ValueError(f"unknown logprob_type {logprob_type!r}; use one of {', '.join(LOGPROB_TYPES)}")
+    check_choice("reward_type", reward_type, REWARD_TYPES)
+    check_choice("logprob_type", logprob_type, LOGPROB_TYPES)
 
 
 def chunk_results(extras: Mapping[str, torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor] | None:

@@ -1,55 +1,70 @@
 """Every loss setting, in one flat dataclass that each Problem's config extends.
 
 Flat, so that any of them can be set with --hparams (for example
-`--hparams=algorithm=ppo,clip_eps_high=0.28,epochs=4`). Each algorithm reads the fields
-it documents and ignores the rest.
+`--hparams=algorithm=ppo,clip_eps_high=0.28,epochs=4`) or as a flag of its own
+(`--clip_eps_high=0.28`). Each algorithm reads the fields it documents and ignores the rest.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+from fleetrl.common.settings import check_choice, check_range, setting
+
+REWARD_TYPES = ("chunk_level", "action_level")
+LOGPROB_TYPES = ("chunk_level", "action_level", "token_level")
+
 
 @dataclasses.dataclass
 class LossConfig:
-    # The training algorithm, by registered name: vtrace, ppo, grpo, supervised
-    # (see fleetrl.losses.algorithms).
-    algorithm: str = "vtrace"
-    discount: float = 0.99
-    entropy_cost: float = 0.01
-    # The value loss's weight (V-trace's baseline cost, PPO's c_v).
-    baseline_cost: float = 0.5
+    algorithm: str = setting("vtrace", "The training algorithm, by registered name: vtrace, ppo, grpo, supervised "
+                                       "(fleetrl.losses.algorithms.ALGORITHMS).")
+    discount: float = setting(0.99, "Gamma, per agent step.")
+    entropy_cost: float = setting(0.01, "Weight of the entropy bonus.")
+    baseline_cost: float = setting(0.5, "Weight of the value loss (V-trace's baseline cost, PPO's c_v).")
 
-    # V-trace.
-    rho_bar: float = 1.0
-    c_bar: float = 1.0
-    pg_rho_bar: float = 1.0
-    lambda_: float = 1.0
+    # V-trace (Espeholt et al. 2018).
+    rho_bar: float = setting(1.0, "V-trace: clipping of the importance weights in the value targets.")
+    c_bar: float = setting(1.0, "V-trace: clipping of the trace-cutting coefficients.")
+    pg_rho_bar: float = setting(1.0, "V-trace: clipping of the importance weights in the policy gradient.")
+    lambda_: float = setting(1.0, "V-trace: the lambda of the traces.")
 
-    # PPO and GAE.
-    gae_lambda: float = 0.95
-    clip_eps_low: float = 0.2
-    clip_eps_high: float = 0.2
-    # > 1 caps the loss of negative-advantage steps whose ratio exploded; None: off.
-    dual_clip: float | None = None
-    # None: no value clipping.
-    value_clip_eps: float | None = None
-    # None: squared value error; else the Huber loss with this delta.
-    value_huber_delta: float | None = None
-    normalize_advantages: bool = True
+    # PPO (Schulman et al. 2017) and GAE (Schulman et al. 2016).
+    gae_lambda: float = setting(0.95, "GAE's lambda.")
+    clip_eps_low: float = setting(0.2, "PPO: the ratio is clipped below at 1 - clip_eps_low...")
+    clip_eps_high: float = setting(0.2, "...and above at 1 + clip_eps_high.")
+    dual_clip: float | None = setting(None, "PPO: above 1, caps the loss of negative-advantage steps whose ratio "
+                                            "exploded (Ye et al. 2020); none: off.")
+    value_clip_eps: float | None = setting(None, "PPO: clip the value's change per update to this; none: off.")
+    value_huber_delta: float | None = setting(None, "The Huber loss with this delta for the value; none: squared "
+                                                    "error.")
+    normalize_advantages: bool = setting(True, "PPO: normalize advantages over each minibatch's valid steps.")
 
-    # Action chunks (Problems with chunk_size > 1; see fleetrl.losses.chunks):
-    # reward_type chunk_level | action_level; logprob_type chunk_level | action_level | token_level.
-    # V-trace takes chunk_level only; PPO takes every pair; GRPO ignores reward_type.
-    reward_type: str = "chunk_level"
-    logprob_type: str = "chunk_level"
+    # Action chunks (fleetrl.losses.chunks).
+    reward_type: str = setting("chunk_level", "With action chunks: chunk_level trains on one reward per step (the "
+                                              "chunk's sum), action_level on each action's (PPO only).")
+    logprob_type: str = setting("chunk_level", "With action chunks: one ratio per chunk (chunk_level), per action "
+                                               "(action_level) or per token (token_level; PPO and GRPO).")
 
-    # GRPO: envs per group. A group's members start each episode from the same reset seed,
-    # and each episode's advantage is its return normalized within the group.
-    group_size: int = 1
+    group_size: int = setting(1, "GRPO: envs per group. A group's members start each episode from the same reset "
+                                 "seed, and each episode's advantage is its return normalized within the group.")
 
-    # Passes over each batch of unrolls: epochs of `minibatches` minibatches (split across
-    # unrolls, so recurrent agents keep whole unrolls). None: the algorithm's default
-    # (V-trace and GRPO 1 x 1, PPO 4 x 4).
-    epochs: int | None = None
-    minibatches: int | None = None
+    epochs: int | None = setting(None, "Passes over each batch of unrolls; none: the algorithm's default "
+                                       "(V-trace and GRPO 1, PPO 4).")
+    minibatches: int | None = setting(None, "Minibatches per epoch, split across whole unrolls (so recurrent "
+                                            "agents keep them whole); none: the algorithm's default (1, PPO 4).")
+
+    def __post_init__(self):
+        from fleetrl.losses.algorithms import ALGORITHMS  # registered algorithms, users' included
+
+        check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))
+        check_choice("reward_type", self.reward_type, REWARD_TYPES)
+        check_choice("logprob_type", self.logprob_type, LOGPROB_TYPES)
+        check_range("discount", self.discount, low=0, high=1)
+        for name in ("gae_lambda", "lambda_"):
+            check_range(name, getattr(self, name), low=0, high=1)
+        for name in ("clip_eps_low", "clip_eps_high"):
+            check_range(name, getattr(self, name), low=0)
+        check_range("dual_clip", self.dual_clip, low=1, low_open=True)
+        for name in ("group_size", "epochs", "minibatches"):
+            check_range(name, getattr(self, name), low=1)

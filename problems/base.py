@@ -23,10 +23,12 @@ import numpy as np
 import torch
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation
+from fleetrl.common.settings import check_range, setting
 from fleetrl.envs.action_chunks import ACTION_REWARDS, ACTIONS_EXECUTED, ActionChunks
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING, TeacherForcingDraws
 from fleetrl.losses.algorithms import Algorithm, get_algorithm
 from fleetrl.losses.config import LossConfig
+from fleetrl.problems.defaults import LaunchDefaults, LearnerDefaults
 from fleetrl.problems.hparams import apply_hparams
 from fleetrl.proto.tensors import Specs, TensorSpec, specs_from_space
 
@@ -38,23 +40,27 @@ TRAIN, TEACHER = "train", "teacher"
 class ProblemConfig(LossConfig):
     """Settings every Problem has: the loss (see LossConfig) and the optimizer. Subclasses add their own."""
 
-    learning_rate: float = 1e-3
-    adam_eps: float = 1e-8
-    max_grad_norm: float = 40.0
-    # The share of episodes that execute the oracle's action and train with cross-entropy
-    # on it instead of RL (VALAN mixes both for navigation). Needs the oracle in the
-    # observation under `oracle_key`.
-    teacher_forcing_fraction: float = 0.0
-    teacher_forcing_cost: float = 1.0
-    oracle_key: str = "oracle_action"
-    # Actions per agent step. Above 1, actors play each chunk of K actions through
-    # `ActionChunks` (fleetrl.envs.action_chunks), and the agent emits [K, ...] actions;
-    # `reward_type` and `logprob_type` choose how the loss sees them.
-    chunk_size: int = 1
-    # The eval set: episodes 0 .. eval_episodes-1, each reset by `Problem.eval_reset`. Eval
-    # actors play all of it once per eval round, and `launch.evaluate` plays the same ones.
-    eval_episodes: int = 100
-    eval_seed: int = 1_000_000
+    learning_rate: float = setting(1e-3, "Adam's learning rate.")
+    adam_eps: float = setting(1e-8, "Adam's epsilon.")
+    max_grad_norm: float = setting(40.0, "Gradients are clipped to this global norm.")
+    teacher_forcing_fraction: float = setting(
+        0.0, "The share of episodes that execute the oracle's action and train with cross-entropy on it instead of "
+             "RL (VALAN's mix for navigation); needs the oracle in the observation under oracle_key.")
+    teacher_forcing_cost: float = setting(1.0, "Weight of the teacher-forcing cross-entropy.")
+    oracle_key: str = setting("oracle_action", "The observation that holds the oracle's action.")
+    chunk_size: int = setting(1, "Actions per agent step: above 1, actors play each chunk of K actions "
+                                 "(fleetrl.envs.action_chunks) and reward_type and logprob_type say how the loss "
+                                 "sees them.")
+    eval_episodes: int = setting(100, "The eval set: episodes 0 .. eval_episodes-1, each reset by "
+                                      "Problem.eval_reset; eval rounds and launch.evaluate play the same ones.")
+    eval_seed: int = setting(1_000_000, "Seed of the eval set's first episode (episode e resets with seed + e).")
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_range("teacher_forcing_fraction", self.teacher_forcing_fraction, low=0, high=1)
+        check_range("learning_rate", self.learning_rate, low=0, low_open=True)
+        for name in ("chunk_size", "eval_episodes"):
+            check_range(name, getattr(self, name), low=1)
 
 
 class Problem:
@@ -62,13 +68,10 @@ class Problem:
 
     name: ClassVar[str] = ""
     Config: ClassVar[type] = ProblemConfig
-    # Learner settings (LearnerConfig fields) this Problem trains best with, for example
-    # {"block_inference_on_training": True} for PPO. The entry points apply them to
-    # every flag the command line did not set.
-    learner_defaults: ClassVar[dict[str, Any]] = {}
-    # launch.local settings (num_actors, envs_per_actor, eval_envs_per_actor) for flags the
-    # command line did not set: a heavy simulator wants fewer envs than CartPole's 2 x 32.
-    launch_defaults: ClassVar[dict[str, Any]] = {}
+    # Learner and launcher settings this Problem trains best with, for runs that leave them
+    # unset (see fleetrl.problems.defaults), for example block_inference_on_training for PPO.
+    learner_defaults: ClassVar[LearnerDefaults] = LearnerDefaults()
+    launch_defaults: ClassVar[LaunchDefaults] = LaunchDefaults()
     # Heavy simulators: an actor with more than one env steps them in subprocesses
     # (one env stays in-process), whatever its async_envs flag says.
     envs_in_subprocesses: ClassVar[bool] = False

@@ -18,15 +18,20 @@ import torch
 
 from fleetrl.agents import Agent, GaussianMLPAgent
 from fleetrl.agents.base import AgentOutput
-from fleetrl.agents.distributions import bounded_normal
+from fleetrl.agents.distributions import SQUASHES, bounded_normal
+from fleetrl.common.settings import check_choice, setting
 from fleetrl.problems.base import Problem, ProblemConfig
 
 
 @dataclasses.dataclass
 class GaussianPolicyConfig(ProblemConfig):
-    # "tanh" squashes into the bounds; "clip" clips and puts the tails' mass on them.
-    action_squash: str = "tanh"
-    initial_log_std: float = 0.0
+    action_squash: str = setting("tanh", "How the Gaussian policy keeps to the action bounds: tanh squashes into "
+                                         "them; clip clips, putting the tails' mass on the bounds.")
+    initial_log_std: float = setting(0.0, "The policy's log standard deviation at the start.")
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice("action_squash", self.action_squash, SQUASHES)
 
 
 class GaussianPolicyProblem(Problem):

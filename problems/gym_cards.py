@@ -17,6 +17,7 @@ import numpy as np
 from fleetrl.agents import Agent, ConvLSTMAgent
 from fleetrl.envs.gym_cards import ENVS
 from fleetrl.problems.base import Problem, ProblemConfig
+from fleetrl.problems.defaults import LearnerDefaults
 
 
 @dataclasses.dataclass
@@ -56,7 +57,7 @@ class GymCardsProblem(Problem):
     Config = GymCardsConfig
     # On-policy PPO: inference waits for each update, and batches of 32 unrolls of 10
     # steps give 16 minibatch steps of 80 transitions each.
-    learner_defaults = {"block_inference_on_training": True, "batch_size": 32, "unroll_length": 10}
+    learner_defaults = LearnerDefaults(block_inference_on_training=True, batch_size=32, unroll_length=10)
 
     def make_env(self) -> gym.Env:
         cls = ENVS[self.TASK]

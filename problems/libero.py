@@ -19,9 +19,11 @@ from typing import Any, ClassVar
 
 import gymnasium as gym
 
-from fleetrl.agents.vla import VLAAgent
+from fleetrl.agents.vla import TEXT_ENCODERS, VALUE_POOLINGS, VLAAgent
+from fleetrl.common.settings import check_choice
 from fleetrl.envs.libero.env import MAX_EPISODE_STEPS, NUM_TASKS, SUITES, LiberoEnv
 from fleetrl.problems.continuous_control import GaussianPolicyConfig, GaussianPolicyProblem
+from fleetrl.problems.defaults import LaunchDefaults, LearnerDefaults
 
 
 @dataclasses.dataclass
@@ -55,20 +57,21 @@ class LiberoConfig(GaussianPolicyConfig):
     epochs: int | None = 2
     minibatches: int | None = 2
 
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice("LIBERO suite", self.suite, SUITES)
+        check_choice("text_encoder", self.text_encoder, TEXT_ENCODERS)
+        check_choice("value_pooling", self.value_pooling, VALUE_POOLINGS)
+
 
 class LiberoProblem(GaussianPolicyProblem):
     name = "libero"
     Config = LiberoConfig
     # A simulator is about 2 GB: an actor with several envs steps them in subprocesses.
     envs_in_subprocesses: ClassVar[bool] = True
-    learner_defaults = {"block_inference_on_training": True, "batch_size": 8, "unroll_length": 16,
-                        "best_metric": "success_once"}
-    launch_defaults = {"num_actors": 2, "envs_per_actor": 1, "eval_envs_per_actor": 1}
-
-    def __init__(self, config: Any = None):
-        super().__init__(config)
-        if self.config.suite not in SUITES:
-            raise ValueError(f"unknown LIBERO suite {self.config.suite!r}; choose from {SUITES}")
+    learner_defaults = LearnerDefaults(block_inference_on_training=True, batch_size=8, unroll_length=16,
+                                       best_metric="success_once")
+    launch_defaults = LaunchDefaults(num_actors=2, envs_per_actor=1, eval_envs_per_actor=1)
 
     @property
     def task_ids(self) -> tuple[int, ...]:

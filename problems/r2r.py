@@ -22,11 +22,14 @@ import numpy as np
 from PIL import Image
 
 from fleetrl.agents import Agent, VLNAgent
+from fleetrl.common.settings import check_choice
 from fleetrl.envs.r2r import R2RData, R2REnv, Vocab, read_instructions
+from fleetrl.envs.r2r.env import REWARDS
 from fleetrl.envs.r2r.graph import cached_scan_graph
 from fleetrl.envs.r2r.synthetic import SyntheticConfig, generate
 from fleetrl.envs.r2r.topdown import draw_episode
 from fleetrl.problems.base import Problem, ProblemConfig
+from fleetrl.problems.defaults import LearnerDefaults
 
 SYNTHETIC_DIR = "data/r2r_synthetic"
 
@@ -56,11 +59,15 @@ class R2RConfig(ProblemConfig):
     hidden_size: int = 128
     embedding_size: int = 64
 
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice("reward", self.reward, REWARDS)
+
 
 class R2RProblem(Problem):
     name = "r2r"
     Config = R2RConfig
-    learner_defaults = {"unroll_length": 12, "batch_size": 32}
+    learner_defaults = LearnerDefaults(unroll_length=12, batch_size=32)
 
     def _data(self) -> R2RData:
         config = self.config

@@ -250,9 +250,8 @@ def test_vtrace_refuses_action_level_chunks_with_a_clear_error():
     problem = TokenProblem(batch.behaviour_log_prob, reward_type="action_level")
     with pytest.raises(ValueError, match="vtrace takes one reward and one log-prob per step"):
         VTrace().prepare(problem, batch)
-    problem = TokenProblem(batch.behaviour_log_prob, logprob_type="chunk")
     with pytest.raises(ValueError, match="unknown logprob_type 'chunk'"):
-        PPO().prepare(problem, batch)
+        TokenProblem(batch.behaviour_log_prob, logprob_type="chunk")
 
 
 def test_chunked_vtrace_sums_each_chunks_log_probs_over_the_actions_that_ran():

@@ -143,16 +143,22 @@ def test_the_run_ends_when_its_actors_run_out_of_restarts(cluster, tmp_path):
 
 
 def test_a_learner_that_cannot_start_ends_the_launch_with_its_error(cluster, tmp_path):
+    """The learner fails on the cluster (its warm-start checkpoint is not on its node)."""
+    missing = tmp_path / "no_such_checkpoint.pt"
     process = subprocess.run(
-        [sys.executable, "-m", "fleetrl.launch.ray", f"--address={cluster}", "--problem=no_such_problem",
+        [sys.executable, "-m", "fleetrl.launch.ray", f"--address={cluster}", f"--init_checkpoint={missing}",
          f"--logdir={tmp_path}"], capture_output=True, text=True, env=ENV, timeout=120)
     assert process.returncode == 1
-    assert "the learner could not start" in process.stderr and "unknown problem 'no_such_problem'" in process.stderr
+    assert "the learner could not start" in process.stderr and f"no checkpoint file at {missing}" in process.stderr
     assert fleetrl_ray_processes() == []
 
 
-def test_a_malformed_resource_request_is_refused_before_touching_the_cluster():
-    process = subprocess.run([sys.executable, "-m", "fleetrl.launch.ray", "--address=127.0.0.1:1",
-                              "--actor_resources=[1]"], capture_output=True, text=True, env=ENV, timeout=60)
+@pytest.mark.parametrize("flag,message", [
+    ("--actor_resources=[1]", "--actor_resources takes a JSON object of amounts"),
+    ("--problem=no_such_problem", "unknown problem 'no_such_problem'"),
+])
+def test_a_bad_flag_is_refused_before_touching_the_cluster(flag, message):
+    process = subprocess.run([sys.executable, "-m", "fleetrl.launch.ray", "--address=127.0.0.1:1", flag],
+                             capture_output=True, text=True, env=ENV, timeout=60)
     assert process.returncode == 2
-    assert "--actor_resources takes a JSON object of amounts" in process.stderr
+    assert message in process.stderr
