@@ -37,12 +37,32 @@ def test_hparams_are_typed():
 
 def test_bad_hparams_name_the_problem():
     config = CartPoleProblem.Config()
-    with pytest.raises(ValueError, match=r"unknown hparams \['learning_rat'\]"):
+    with pytest.raises(ValueError, match=r"unknown hparams \['learning_rat'\] for CartPoleConfig; did you mean "
+                                         r"'learning_rate' for 'learning_rat'\?"):
         apply_hparams(config, {"learning_rat": "1"})
     with pytest.raises(ValueError, match="learning_rate='fast': expected float"):
         apply_hparams(config, {"learning_rate": "fast"})
     with pytest.raises(ValueError, match="not of the form key=value"):
         parse_hparams("learning_rate")
+
+
+@pytest.mark.parametrize("text,field,value", [
+    ("scans=[scan_a,scan_b]", "scans", ("scan_a", "scan_b")),  # no quotes needed
+    ('scans=["scan_a", "scan_b"]', "scans", ("scan_a", "scan_b")),  # JSON works too
+    ("eval_splits=[test]", "eval_splits", ("test",)),
+    ("eval_splits=test", "eval_splits", ("test",)),  # a single item without brackets
+    ("scans=[]", "scans", ()),
+    ("scans=[a,b],eval_splits=[val_seen]", "scans", ("a", "b")),
+])
+def test_list_hparams_take_bare_items(text, field, value):
+    assert getattr(load_problem("r2r", parse_hparams(text)).config, field) == value
+
+
+def test_a_malformed_list_shows_the_accepted_syntax():
+    with pytest.raises(ValueError, match=r"hidden_sizes='a': expected int; a list is written in brackets with its "
+                                         r"items separated by commas, such as hidden_sizes=\[64,64\]"):
+        apply_hparams(CartPoleProblem.Config(), {"hidden_sizes": "[a,b]"})
+    assert apply_hparams(CartPoleProblem.Config(), {"hidden_sizes": "(32, 16)"}).hidden_sizes == (32, 16)
 
 
 def test_problems_hold_only_their_config():
