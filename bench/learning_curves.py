@@ -20,12 +20,16 @@ import numpy as np
 from absl import app, flags
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-flags.DEFINE_string("problem", "cartpole", "Problem to train.")
-flags.DEFINE_integer("total_env_steps", 500_000, "The budget of every run.")
-flags.DEFINE_integer("milestones", 5, "How many points of each curve to print.")
-flags.DEFINE_integer("seed", 0, "Seed of every run.")
-flags.DEFINE_list("algorithms", ["vtrace", "ppo", "grpo"], "Which of ALGORITHM_FLAGS to run.")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """At the entry point only, so that importing this module defines no flags."""
+    flags.DEFINE_string("problem", "cartpole", "Problem to train.")
+    flags.DEFINE_integer("total_env_steps", 500_000, "The budget of every run.")
+    flags.DEFINE_integer("milestones", 5, "How many points of each curve to print.")
+    flags.DEFINE_integer("seed", 0, "Seed of every run.")
+    flags.DEFINE_list("algorithms", ["vtrace", "ppo", "grpo"], "Which of ALGORITHM_FLAGS to run.")
 
 # The settings the README reports for each algorithm on CartPole.
 ALGORITHM_FLAGS = {
@@ -73,4 +77,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

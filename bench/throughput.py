@@ -34,14 +34,18 @@ from fleetrl.problems.registry import load_problem
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
 
-flags.DEFINE_string("problem", "cartpole", "Problem to measure.")
-flags.DEFINE_integer("num_actors", 2, "Actor processes in the full system.")
-flags.DEFINE_integer("envs_per_actor", 32, "Envs per actor.")
-flags.DEFINE_integer("unroll_length", 20, "T.")
-flags.DEFINE_integer("batch_size", 8, "B.")
-flags.DEFINE_float("warmup_s", 10.0, "Seconds before measuring.")
-flags.DEFINE_float("measure_s", 30.0, "Seconds measured.")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """At the entry point only, so that importing this module defines no flags."""
+    flags.DEFINE_string("problem", "cartpole", "Problem to measure.")
+    flags.DEFINE_integer("num_actors", 2, "Actor processes in the full system.")
+    flags.DEFINE_integer("envs_per_actor", 32, "Envs per actor.")
+    flags.DEFINE_integer("unroll_length", 20, "T.")
+    flags.DEFINE_integer("batch_size", 8, "B.")
+    flags.DEFINE_float("warmup_s", 10.0, "Seconds before measuring.")
+    flags.DEFINE_float("measure_s", 30.0, "Seconds measured.")
 
 
 def full_system() -> tuple[float, float, int]:
@@ -121,4 +125,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)

@@ -7,13 +7,12 @@ learner ends the run, 1 when the learner refuses the actor or stays unreachable 
 
 from __future__ import annotations
 
-import sys
-
-from absl import app, flags, logging
+from absl import flags, logging
 
 from fleetrl.actor.actor import Actor, ActorError
 from fleetrl.actor.config import ActorConfig
-from fleetrl.launch.flags import define_flags, from_flags
+from fleetrl.common.extras import MissingExtra
+from fleetrl.launch.flags import define_flags, from_flags, run_main
 
 define_flags(ActorConfig)
 FLAGS = flags.FLAGS
@@ -28,14 +27,14 @@ def main(argv: list[str]) -> int:
         return 2
     try:
         Actor(config).run()
-    except ActorError as e:
+    except (ActorError, MissingExtra) as e:
         logging.error("%s", e)
         return 1
     return 0
 
 
 def run() -> None:
-    app.run(lambda argv: sys.exit(main(argv)))
+    run_main(main, __doc__)
 
 
 if __name__ == "__main__":

@@ -130,3 +130,15 @@ class EvaluateConfig:
         check_range("num_envs", self.num_envs, low=1)
         if self.record_format not in ("gif", "mp4"):
             raise ValueError(f"--record_format must be gif or mp4, got {self.record_format!r}")
+
+
+@dataclasses.dataclass
+class ExportConfig:
+    """`launch.export`: a checkpoint's weights alone, loadable anywhere with weights_only=True."""
+
+    checkpoint: str = setting("", "A checkpoint file (ckpt-*.pt or best.pt).")
+    output: str = setting("model.pt", "Where to write the weights.")
+
+    def __post_init__(self):
+        if not self.checkpoint:
+            raise ValueError("--checkpoint is required: a checkpoint file (ckpt-*.pt or best.pt)")

@@ -17,6 +17,7 @@ import numpy as np
 from tensorboard.compat.proto.summary_pb2 import Summary
 from torch.utils.tensorboard import SummaryWriter
 
+from fleetrl.common.extras import MissingExtra
 from fleetrl.problems.base import Problem
 
 
@@ -55,7 +56,7 @@ class EpisodeRecorder:
             try:
                 iio.imwrite(path, frames, extension=".mp4", fps=self.fps, plugin="FFMPEG")
             except (ImportError, ValueError) as e:
-                raise RuntimeError(f"writing MP4 needs imageio-ffmpeg (pip install 'fleetrl[video]'): {e}") from None
+                raise MissingExtra("writing MP4", "video", e) from None
         self.saved[episode] = path
         self._clips[episode] = frames
 

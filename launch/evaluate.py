@@ -15,17 +15,17 @@ from __future__ import annotations
 import json
 import math
 import os
-import sys
 
 import numpy as np
 import torch
-from absl import app, logging
+from absl import logging
 from torch.utils.tensorboard import SummaryWriter
 
 from fleetrl.actor.eval_episodes import EvalEpisodes
+from fleetrl.common.extras import MissingExtra
 from fleetrl.launch.configs import EvaluateConfig
 from fleetrl.launch.episode_recorder import EpisodeRecorder
-from fleetrl.launch.flags import define_flags, from_flags
+from fleetrl.launch.flags import define_flags, from_flags, run_main
 from fleetrl.learner.checkpoint import check_fits, load_checkpoint
 from fleetrl.learner.env_state_store import build_state_store
 from fleetrl.learner.eval_inference import EvalInference, EvalRequest
@@ -77,7 +77,7 @@ def main(argv: list[str]) -> int:
         problem = load_problem(name, hparams)
         agent = problem.make_agent().to(config.device)
         check_fits(checkpoint, name, agent, config.checkpoint)
-    except ValueError as e:  # a bad flag, an unknown Problem, a checkpoint that does not fit
+    except (ValueError, MissingExtra) as e:  # a bad flag, an unknown Problem, a checkpoint that does not fit
         logging.error("%s", e)
         return 2
     agent.load_state_dict(checkpoint["model"])
@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    app.run(lambda argv: sys.exit(main(argv)))
+    run_main(main, __doc__)
 
 
 if __name__ == "__main__":

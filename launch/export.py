@@ -9,27 +9,30 @@ The file holds the agent's state_dict under "model" plus "problem", "hparams" an
 
 from __future__ import annotations
 
-import sys
+from absl import logging
 
-from absl import app, flags, logging
+from fleetrl.launch.configs import ExportConfig
+from fleetrl.launch.flags import define_flags, from_flags, run_main
+from fleetrl.learner.checkpoint import export_weights
 
-from fleetrl.learner.checkpoint import CheckpointError, export_weights
-
-flags.DEFINE_string("checkpoint", None, "A checkpoint file (ckpt-*.pt or best.pt).")
-flags.DEFINE_string("output", "model.pt", "Where to write the weights.")
-FLAGS = flags.FLAGS
+define_flags(ExportConfig)
 
 
 def main(argv: list[str]) -> int:
     del argv
     try:
-        exported = export_weights(FLAGS.checkpoint or "", FLAGS.output)
-    except CheckpointError as e:
+        config = from_flags(ExportConfig)
+        exported = export_weights(config.checkpoint, config.output)
+    except ValueError as e:  # no --checkpoint, or not a readable checkpoint
         logging.error("%s", e)
         return 2
-    print(f"exported {exported['problem']} at policy version {exported['policy_version']:,} to {FLAGS.output}")
+    print(f"exported {exported['problem']} at policy version {exported['policy_version']:,} to {config.output}")
     return 0
 
 
+def run() -> None:
+    run_main(main, __doc__)
+
+
 if __name__ == "__main__":
-    app.run(lambda argv: sys.exit(main(argv)))
+    run()

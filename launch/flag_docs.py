@@ -17,7 +17,7 @@ import typing
 
 from fleetrl.actor.config import ActorConfig
 from fleetrl.common.settings import builtin_of
-from fleetrl.launch.configs import EvaluateConfig, FleetConfig, LocalConfig, RayConfig
+from fleetrl.launch.configs import EvaluateConfig, ExportConfig, FleetConfig, LocalConfig, RayConfig
 from fleetrl.launch.flags import field_help
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.problems.base import ProblemConfig
@@ -32,6 +32,7 @@ SECTIONS = (
     ("launch.ray", "", RayConfig, ("learner", "fleet")),
     ("Actor", "`launch.actor`", ActorConfig, ()),
     ("launch.evaluate", "", EvaluateConfig, ()),
+    ("launch.export", "", ExportConfig, ()),
     ("Problem hparams", "every Problem's config has these; set them with `--hparams=name=value,...` or, with "
                         "`launch.local` and `launch.learner`, as flags of their own (`--learning_rate=3e-4`). "
                         "A Problem adds its own fields (see its config class).", ProblemConfig, ()),

@@ -11,12 +11,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
 import time
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from absl import flags
+from absl import app, flags
 
 from fleetrl.common.settings import builtin_of, help_of
 from fleetrl.learner.config import LearnerConfig
@@ -32,6 +33,13 @@ def field_help(config_cls: type, name: str) -> str:
         if field is not None and help_of(field):
             return help_of(field)
     return ""
+
+
+def _listed_in_help(name: str) -> None:
+    """absl's --help lists the key flags of the program's main module, by its file name. The
+    flags are defined here, not there, and a console script's main module is a wrapper: so
+    each flag is registered for the program being run, whichever it is."""
+    flags.FLAGS.register_key_flag_for_module(sys.argv[0], flags.FLAGS[name])
 
 
 def define_flags(config_cls: type, skip: tuple[str, ...] = ()) -> None:
@@ -57,6 +65,7 @@ def define_flags(config_cls: type, skip: tuple[str, ...] = ()) -> None:
             flags.DEFINE_string(name, format_hparams(default), text)
         else:
             raise TypeError(f"{config_cls.__name__}.{name}: no flag type for {kind}")
+        _listed_in_help(name)
 
 
 def from_flags(config_cls: type, **overrides: Any) -> Any:
@@ -112,6 +121,7 @@ def define_problem_flags(argv: Sequence[str]) -> None:
         text = field_help(config_cls, field.name)
         flags.DEFINE_string(field.name, None, f"{text + ' ' if text else ''}Problem hparam, default "
                                               f"{builtin_of(field)!r}; the same as --hparams={field.name}=VALUE.")
+        _listed_in_help(field.name)
         _problem_flags.append(field.name)
 
 
@@ -125,6 +135,17 @@ def timestamped_logdir(problem: str) -> str:
     """runs/<problem>-<time>, the launchers' default logdir."""
     name = "".join(c if c.isalnum() or c in "-_" else "_" for c in problem.rsplit(":", 1)[-1]).lower()
     return os.path.join("runs", f"{name}-{time.strftime('%Y%m%d-%H%M%S')}")
+
+
+def run_main(main: Callable[[list[str]], int], doc: str | None, problem_flags: bool = False) -> None:
+    """Runs an entry point's `main` under absl and exits with its code. `doc` is what --help
+    says first (a console script's own main module is a wrapper without one); with
+    `problem_flags` the chosen Problem's config fields are flags too."""
+    main_module = sys.modules["__main__"]
+    main_module.__doc__ = main_module.__doc__ or doc
+    if problem_flags:
+        define_problem_flags(sys.argv)
+    app.run(lambda argv: sys.exit(main(argv)))
 
 
 def learner_config_from_flags(**overrides: Any) -> LearnerConfig:

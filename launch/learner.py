@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 
-from absl import app, flags, logging
+from absl import flags, logging
 
+from fleetrl.common.extras import MissingExtra
 from fleetrl.common.files import atomic_write_text
-from fleetrl.launch.flags import define_flags, define_problem_flags, learner_config_from_flags
+from fleetrl.launch.flags import define_flags, learner_config_from_flags, run_main
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
 
@@ -29,7 +29,7 @@ def main(argv: list[str]) -> int:
     try:
         config = learner_config_from_flags()
         learner = Learner(config)
-    except ValueError as e:  # a bad flag or hparam, an unknown Problem, a checkpoint that does not fit
+    except (ValueError, MissingExtra) as e:  # a bad flag or hparam, an unknown Problem, a missing extra, ...
         logging.error("%s", e)
         return 2
     if not config.bind.startswith(("127.", "localhost", "unix:", "[::1]")) and not learner.authenticated:
@@ -55,8 +55,7 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    define_problem_flags(sys.argv)
-    app.run(lambda argv: sys.exit(main(argv)))
+    run_main(main, __doc__, problem_flags=True)
 
 
 if __name__ == "__main__":

@@ -18,14 +18,14 @@ import sys
 import time
 
 import grpc
-from absl import app, flags
+from absl import flags
 
 from fleetrl.launch.configs import FleetConfig, LocalConfig
 from fleetrl.launch.flags import (
     define_flags,
-    define_problem_flags,
     from_flags,
     learner_config_from_flags,
+    run_main,
     timestamped_logdir,
     to_argv,
 )
@@ -137,8 +137,7 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    define_problem_flags(sys.argv)
-    app.run(lambda argv: sys.exit(main(argv)))
+    run_main(main, __doc__, problem_flags=True)
 
 
 if __name__ == "__main__":

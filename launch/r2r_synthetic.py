@@ -8,12 +8,10 @@ settings (more houses, wider features, another seed) to point `--data_dir` at.
 
 from __future__ import annotations
 
-import sys
-
-from absl import app, logging
+from absl import logging
 
 from fleetrl.envs.r2r.synthetic import SyntheticConfig, generate
-from fleetrl.launch.flags import define_flags, from_flags
+from fleetrl.launch.flags import define_flags, from_flags, run_main
 
 define_flags(SyntheticConfig)
 
@@ -27,7 +25,7 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    app.run(lambda argv: sys.exit(main(argv)))
+    run_main(main, __doc__)
 
 
 if __name__ == "__main__":

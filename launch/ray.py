@@ -27,21 +27,26 @@ import sys
 import time
 from typing import Any
 
-import ray
-from absl import app, flags
+from absl import flags
 
+from fleetrl.common.extras import MissingExtra
 from fleetrl.launch.configs import FleetConfig, RayConfig
 from fleetrl.launch.flags import (
     define_flags,
-    define_problem_flags,
     from_flags,
     learner_config_from_flags,
+    run_main,
     timestamped_logdir,
 )
 from fleetrl.launch.progress import Progress, print_summary
 from fleetrl.launch.ray_hosts import FleetrlActor, FleetrlLearner
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.proto import learner_pb2 as pb
+
+try:
+    import ray
+except ImportError as e:  # says which extra brings it
+    raise MissingExtra("launch.ray", "ray", e) from e
 
 define_flags(LearnerConfig, skip=("bind",))
 define_flags(FleetConfig)
@@ -210,8 +215,7 @@ def main(argv: list[str]) -> int:
 
 
 def run() -> None:
-    define_problem_flags(sys.argv)
-    app.run(lambda argv: sys.exit(main(argv)))
+    run_main(main, __doc__, problem_flags=True)
 
 
 if __name__ == "__main__":

@@ -18,12 +18,16 @@ import threading
 import traceback
 from typing import Any
 
-import ray
-
 from fleetrl.actor.actor import Actor, ActorError
 from fleetrl.actor.config import ActorConfig
+from fleetrl.common.extras import MissingExtra
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
+
+try:
+    import ray
+except ImportError as e:  # says which extra brings it
+    raise MissingExtra("launch.ray", "ray", e) from e
 
 
 def _node() -> dict[str, Any]:

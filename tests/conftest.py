@@ -53,7 +53,7 @@ def python() -> str:
     return sys.executable
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def repo_root() -> pathlib.Path:
     return REPO_ROOT
 

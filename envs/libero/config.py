@@ -10,22 +10,28 @@ from __future__ import annotations
 import importlib.util
 import os
 
+from fleetrl.common.extras import MissingExtra
 from fleetrl.common.files import atomic_write_text
 
 DEFAULT_CONFIG_DIR = os.path.join(os.path.expanduser("~"), ".fleetrl", "libero")
 
 
-class LiberoNotInstalled(ImportError):
-    pass
+class LiberoNotInstalled(MissingExtra):
+    def __init__(self):
+        super().__init__("LIBERO", "libero", how="pip install 'fleetrl[libero]', then pip install --no-deps "
+                                                  "libero==0.1.1 and link its assets (`make libero` does all three; "
+                                                  "see docs/libero.md)")
 
 
 def prepare_libero(config_dir: str | None = None, mujoco_gl: str = "egl") -> str:
     """Writes config.yaml (if missing) and sets LIBERO_CONFIG_PATH and MUJOCO_GL unless the
     environment already sets them; returns the config file's path. Call before importing libero."""
     spec = importlib.util.find_spec("libero")
-    if spec is None or not spec.submodule_search_locations:
-        raise LiberoNotInstalled("LIBERO is not installed: run `make libero` (see BUILD.md)")
-    root = os.path.join(list(spec.submodule_search_locations)[0], "libero")
+    # The package holds libero/libero/; a mere folder named libero (a namespace package) does not.
+    roots = [os.path.join(p, "libero") for p in (spec.submodule_search_locations or []) if spec] if spec else []
+    root = next((r for r in roots if os.path.isdir(os.path.join(r, "bddl_files"))), None)
+    if root is None:
+        raise LiberoNotInstalled()
     config_dir = os.environ.setdefault("LIBERO_CONFIG_PATH", config_dir or DEFAULT_CONFIG_DIR)
     os.environ.setdefault("MUJOCO_GL", mujoco_gl)
     os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])

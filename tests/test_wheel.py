@@ -1,0 +1,117 @@
+"""The wheel a user installs: every module, every built-in Problem, every script's --help.
+
+Built from the files a clean clone holds, installed with the pinned torch
+into a fresh virtualenv, and run from a folder outside the repository, so nothing here can
+lean on the source tree. Features whose extras are not installed must fail with a message
+that names the extra, never with a bare traceback.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from fleetrl.problems import registered_names
+
+pytestmark = pytest.mark.slow  # builds and installs a wheel: about a minute, then a run per Problem
+
+IMPORT_EVERY_MODULE = textwrap.dedent("""
+    import importlib, json, pkgutil
+    import fleetrl
+    from fleetrl.common.extras import MissingExtra
+    results = {}
+    for module in pkgutil.walk_packages(fleetrl.__path__, "fleetrl."):
+        try:
+            importlib.import_module(module.name)
+            results[module.name] = "ok"
+        except MissingExtra as e:
+            results[module.name] = f"extra {e.extra}: {e}"
+        except Exception as e:
+            results[module.name] = f"error: {type(e).__name__}: {e}"
+    print(json.dumps({"file": fleetrl.__file__, "modules": results}))
+""")
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory, repo_root):
+    """(venv bin folder, a working folder outside the repository)."""
+    root = tmp_path_factory.mktemp("wheel")
+    source = root / "source"
+    # What a clean clone holds: tracked files, and new ones git does not ignore.
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=repo_root,
+                           capture_output=True, check=True).stdout
+    for name in filter(None, files.decode().split("\0")):
+        target = source / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes((repo_root / name).read_bytes())
+
+    def run(*command, **kwargs):
+        result = subprocess.run(command, capture_output=True, text=True, timeout=900, **kwargs)
+        assert result.returncode == 0, f"{command}:\n{result.stdout}\n{result.stderr}"
+        return result
+
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(root / "dist"), str(source))
+    (wheel,) = (root / "dist").glob("fleetrl-*.whl")
+    run(sys.executable, "-m", "venv", str(root / "venv"))
+    bin_dir = root / "venv" / "bin"
+    run(str(bin_dir / "python"), "-m", "pip", "install", "-q", "torch==2.13.0")  # the CPU build, as make does
+    run(str(bin_dir / "python"), "-m", "pip", "install", "-q", str(wheel))
+    outside = root / "outside"
+    outside.mkdir()
+    return bin_dir, outside
+
+
+def test_every_module_imports_or_names_its_extra(installed):
+    bin_dir, outside = installed
+    result = subprocess.run([str(bin_dir / "python"), "-c", IMPORT_EVERY_MODULE], capture_output=True, text=True,
+                            cwd=outside, timeout=600)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert str(bin_dir.parent) in report["file"]  # the installed package, not the source tree
+    modules = report["modules"]
+    for subpackage in ("envs.gym_cards", "envs.r2r", "envs.libero", "launch", "learner", "common", "problems"):
+        assert f"fleetrl.{subpackage}" in modules, subpackage
+    errors = {name: result for name, result in modules.items() if result.startswith("error")}
+    assert not errors, errors
+    extras = {name: result for name, result in modules.items() if result.startswith("extra")}
+    assert set(extras) == {"fleetrl.launch.ray", "fleetrl.launch.ray_hosts"}, extras
+    assert all("pip install 'fleetrl[ray]'" in message for message in extras.values())
+
+
+@pytest.mark.parametrize("problem", sorted(set(registered_names()) - {"libero"}))
+def test_every_builtin_problem_runs_from_the_wheel(installed, problem):
+    bin_dir, outside = installed
+    logdir = outside / "runs" / problem.replace("/", "_")
+    result = subprocess.run(
+        [str(bin_dir / "fleetrl-local"), f"--problem={problem}", f"--logdir={logdir}", "--num_actors=1",
+         "--envs_per_actor=2", "--unroll_length=4", "--batch_size=4", "--total_env_steps=200",
+         "--progress_interval_s=0.5"],
+        capture_output=True, text=True, cwd=outside, timeout=600,
+        env={**os.environ, "PYTHONPATH": ""})
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["env_steps"] >= 200 and summary["trainer_steps"] >= 1, summary
+
+
+def test_libero_without_its_extra_fails_with_one_clear_message(installed):
+    bin_dir, outside = installed
+    result = subprocess.run([str(bin_dir / "fleetrl-local"), "--problem=libero", f"--logdir={outside / 'run-libero'}",
+                             "--num_actors=1"], capture_output=True, text=True, cwd=outside, timeout=600)
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "needs the 'libero' extra: pip install 'fleetrl[libero]'" in output, output
+    assert "Traceback" not in output
+
+
+@pytest.mark.parametrize("script,flag", [
+    ("fleetrl-local", "--num_actors"), ("fleetrl-learner", "--batch_size"), ("fleetrl-actor", "--learner_address"),
+    ("fleetrl-evaluate", "--record"), ("fleetrl-export", "--output"),
+])
+def test_console_scripts_print_their_flags(installed, script, flag):
+    bin_dir, outside = installed
+    result = subprocess.run([str(bin_dir / script), "--help"], capture_output=True, text=True, cwd=outside,
+                            timeout=120)
+    assert flag in result.stdout, result.stdout + result.stderr  # (absl exits 1 after --help)
