@@ -199,6 +199,11 @@ class Actor:
                 if self.steps_sent > sent_before:  # progress was made: the budget starts again
                     delay, give_up_at = 0.2, time.monotonic() + self.config.max_reconnect_s
                 if time.monotonic() >= give_up_at:
+                    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                        raise ActorError(
+                            f"no learner answered at {self.config.learner_address} for "
+                            f"{self.config.max_reconnect_s:g}s: is one running there? (check --learner_address "
+                            f"against the learner's --bind, and any firewall between them)") from None
                     raise ActorError(f"gave up reaching the learner at {self.config.learner_address} after "
                                      f"{self.config.max_reconnect_s:g}s: {code.name}: {e.details()}") from None
                 wait = min(delay, give_up_at - time.monotonic()) * random.uniform(0.5, 1.0)

@@ -9,6 +9,7 @@ help text given here. The settings a Problem may choose (`problem_setting`) are 
 from __future__ import annotations
 
 import dataclasses
+import os
 
 from fleetrl.common.settings import check_choice, check_range, fill_problem_settings, problem_setting, setting
 from fleetrl.problems.registry import problem_class
@@ -76,6 +77,8 @@ class LearnerConfig:
                                                "DEADLINE_EXCEEDED.")
 
     def __post_init__(self):
+        if os.path.exists(self.logdir) and not os.path.isdir(self.logdir):
+            raise ValueError(f"--logdir={self.logdir} is a file, not a folder: choose another --logdir")
         # Unknown Problems fail here, by name (UnknownProblemError is a ValueError).
         fill_problem_settings(self, problem_class(self.problem).learner_defaults)
         for name in ("unroll_length", "batch_size", "inference_batch_size", "unroll_queue_size", "return_window",

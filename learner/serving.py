@@ -25,6 +25,15 @@ def max_streams(config: LearnerConfig) -> int:
     return config.max_actors + SIDE_CALLS
 
 
+class BindError(ValueError):
+    """The learner cannot serve on its --bind address."""
+
+    def __init__(self, bind: str, cause: BaseException | None = None):
+        super().__init__(f"cannot serve on --bind={bind}: the port is in use (another learner?) or the address is "
+                         f"not this machine's; choose another port, or port 0 for any free one"
+                         + (f" ({cause})" if cause else ""))
+
+
 class LearnerServer:
     def __init__(self, config: LearnerConfig, service: LearnerService):
         limit_bytes = config.max_message_mb * 1024 * 1024
@@ -39,15 +48,18 @@ class LearnerServer:
             interceptors=[TokenCheck(token, service.count_rejection)] if token else [],
         )
         self._server.add_generic_rpc_handlers((learner_handler(service, limit_bytes),))
-        if config.tls_cert or config.tls_key:
-            credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
-            port = self._server.add_secure_port(config.bind, credentials)
-        else:
-            if config.tls_client_ca:
-                raise ValueError("--tls_client_ca needs --tls_cert and --tls_key")
-            port = self._server.add_insecure_port(config.bind)
+        try:
+            if config.tls_cert or config.tls_key:
+                credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+                port = self._server.add_secure_port(config.bind, credentials)
+            else:
+                if config.tls_client_ca:
+                    raise ValueError("--tls_client_ca needs --tls_cert and --tls_key")
+                port = self._server.add_insecure_port(config.bind)
+        except RuntimeError as e:  # gRPC's "Failed to bind to address"
+            raise BindError(config.bind, e) from None
         if port == 0 and not config.bind.startswith("unix:"):
-            raise OSError(f"cannot bind the learner to {config.bind}")
+            raise BindError(config.bind)
         # Where actors reach it: the bound port (port 0 picks one), or the unix socket.
         self.address = config.bind if config.bind.startswith("unix:") else f"{config.bind.rsplit(':', 1)[0]}:{port}"
 
