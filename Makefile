@@ -7,7 +7,7 @@ STAMP := $(VENV)/.fleetrl-installed
 LOGDIR ?=
 RUN_FLAGS ?=
 
-.PHONY: run test test-fast lint install libero proto bench clean
+.PHONY: run tensorboard evaluate test test-fast lint install libero proto bench clean
 
 install: $(STAMP)
 
@@ -37,6 +37,17 @@ run: install
 	$(PY) -m fleetrl.launch.local --problem=cartpole $(if $(LOGDIR),--logdir=$(LOGDIR)) \
 	    --num_actors=2 --envs_per_actor=32 --total_env_steps=1000000 \
 	    --target_mean_return=475 $(RUN_FLAGS)
+
+# TensorBoard over every run in runs/ (RUNS=other/folder to change it).
+RUNS ?= runs
+tensorboard: install
+	$(VENV)/bin/tensorboard --logdir $(RUNS)
+
+# The latest run's policy, played on its eval set, with the first episodes recorded as GIFs
+# (RUN=runs/<name> to choose another run).
+RUN ?= $$(ls -td $(RUNS)/*/ | head -1)
+evaluate: install
+	$(PY) -m fleetrl.launch.evaluate --checkpoint=$(RUN) --record
 
 # Style, bugs and the layers' import contracts (pyproject.toml): seconds, so they go first.
 lint: install

@@ -16,13 +16,14 @@ import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+import gymnasium as gym
 import numpy as np
 
 from fleetrl.actor.extras import env_extras
 from fleetrl.problems.base import Problem
 
 # (env index, episode, one env's observation, whether the episode just ended)
-FrameHook = Callable[[int, int, Mapping[str, np.ndarray], bool], None]
+FrameHook = Callable[[int, int, Mapping[str, np.ndarray], bool, gym.Env], None]
 
 
 @dataclasses.dataclass
@@ -130,4 +131,4 @@ class EvalEpisodes:
                              terminated=terminated, truncated=truncated,
                              extras=env_extras(info, self._extra_specs))
         if self._on_frame is not None:
-            self._on_frame(i, self._episode[i], self._last[i]["obs"], terminated or truncated)
+            self._on_frame(i, self._episode[i], self._last[i]["obs"], terminated or truncated, self.envs[i])

@@ -111,8 +111,12 @@ class RayConfig:
 class EvaluateConfig:
     """`launch.evaluate`: a checkpoint's greedy policy on the Problem's eval set, without a run."""
 
-    checkpoint: str = setting("", "A checkpoint file (ckpt-*.pt or best.pt).")
-    problem: str = setting("", "The Problem; default: the checkpoint's.")
+    checkpoint: str = setting("", "A checkpoint file (ckpt-*.pt or best.pt), or a run's logdir: its best.pt if "
+                                  "an eval round wrote one, else its latest checkpoint.")
+    problem: str = setting("", "The Problem; default: the checkpoint's. A subclass of the checkpoint's Problem (one "
+                               "that renders, say) may play its weights.")
+    allow_other_problem: bool = setting(False, "Let a --problem that is not the checkpoint's, nor a subclass of "
+                                               "it, play its weights, if their shapes fit.")
     hparams: str | None = setting(None, "The Problem's config overrides; default: the checkpoint's.")
     episodes: int = setting(0, "Episodes of the eval set to play; 0: the Problem's eval_episodes.")
     num_envs: int = setting(8, "Envs played at once.")
@@ -125,7 +129,7 @@ class EvaluateConfig:
 
     def __post_init__(self):
         if not self.checkpoint:
-            raise ValueError("--checkpoint is required: a checkpoint file (ckpt-*.pt or best.pt)")
+            raise ValueError("--checkpoint is required: a checkpoint file (ckpt-*.pt or best.pt) or a run's logdir")
         check_range("episodes", self.episodes, low=0)
         check_range("num_envs", self.num_envs, low=1)
         if self.record_format not in ("gif", "mp4"):

@@ -1,6 +1,6 @@
 """Records evaluation episodes as animated GIF or MP4 files and as TensorBoard animations.
 
-Frames come from `Problem.render_frame` of each observation. Encoding is imageio's (GIF
+Frames come from `Problem.render_frame`: an image observation, or the env's own render. Encoding is imageio's (GIF
 through Pillow; MP4 through imageio-ffmpeg, `pip install fleetrl[video]`). TensorBoard
 shows an image summary whose encoded image is an animated GIF as an animation, which is
 how its own video summaries work.
@@ -12,6 +12,7 @@ import io
 import os
 from collections.abc import Mapping
 
+import gymnasium as gym
 import imageio.v3 as iio
 import numpy as np
 from tensorboard.compat.proto.summary_pb2 import Summary
@@ -35,13 +36,15 @@ class EpisodeRecorder:
         self._clips: dict[int, np.ndarray] = {}
         self.saved: dict[int, str] = {}
 
-    def on_frame(self, env_index: int, episode: int, observation: Mapping[str, np.ndarray], ended: bool) -> None:
+    def on_frame(self, env_index: int, episode: int, observation: Mapping[str, np.ndarray], ended: bool,
+                 env: gym.Env | None = None) -> None:
         if episode >= self.max_episodes:
             return
-        frame = self.problem.render_frame(observation)
+        frame = self.problem.render_frame(observation, env)
         if frame is None:
-            raise ValueError(f"{type(self.problem).__name__} has no image observation to record: override "
-                             "Problem.render_frame to draw one")
+            raise ValueError(f"{type(self.problem).__name__} has nothing to record: its observations hold no image "
+                             "and its env does not render rgb_array; make the env with render_mode='rgb_array' "
+                             "or override Problem.render_frame")
         self._frames.setdefault(episode, []).append(np.asarray(frame, np.uint8))
         if ended:
             self._save(episode)

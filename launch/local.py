@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import sys
 import time
@@ -30,7 +29,7 @@ from fleetrl.launch.flags import (
     to_argv,
 )
 from fleetrl.launch.processes import ChildProcesses
-from fleetrl.launch.progress import Progress, print_summary
+from fleetrl.launch.progress import Progress, print_next_steps, print_summary, script
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
@@ -64,8 +63,8 @@ def launch(config: LocalConfig) -> int:
         actors = [children.start(name, python + ["fleetrl.launch.actor", *to_argv(actor_config)],
                                  os.path.join(logs, f"{name}.log"))
                   for name, actor_config in config.fleet.actor_configs(learner_cfg, address, id_prefix="local-")]
-        if config.tensorboard_port and shutil.which("tensorboard"):
-            children.start("tensorboard", ["tensorboard", f"--logdir={learner_cfg.logdir}",
+        if config.tensorboard_port:  # this environment's own, whether or not it is on PATH
+            children.start("tensorboard", [script("tensorboard"), f"--logdir={learner_cfg.logdir}",
                                            f"--port={config.tensorboard_port}"], os.path.join(logs, "tensorboard.log"))
         fleet = config.fleet
         evals = f", {fleet.num_eval_actors} eval actors" if fleet.num_eval_actors else ""
@@ -118,8 +117,7 @@ def _report(logdir: str, code: int, learner, tensorboard_port: int) -> int:
         return code or 1
     with open(summary_path) as f:
         print_summary(json.load(f))
-    print(f"TensorBoard: tensorboard --logdir {logdir}" +
-          (f"  (running on http://localhost:{tensorboard_port})" if tensorboard_port else ""))
+    print_next_steps(logdir, tensorboard_port)
     return code
 
 

@@ -1,8 +1,9 @@
-"""What launchers show: the live progress line from the learner's status, and the final summary."""
+"""What launchers show: the live progress line, the final summary, and the next commands to run."""
 
 from __future__ import annotations
 
 import math
+import os
 import sys
 import time
 from collections.abc import Mapping
@@ -20,13 +21,12 @@ class Progress:
         self._drawn = False
 
     def show(self, status: pb.Status) -> None:
-        ret = "-" if math.isnan(status.mean_episode_return) else f"{status.mean_episode_return:.1f}"
-        lag = "-" if math.isnan(status.policy_lag) else f"{status.policy_lag:.1f}"
         line = (f"[{status.uptime_s:5.0f}s] env steps {status.env_steps:>10,} | {status.env_steps_per_s:7,.0f}/s | "
-                f"return {ret:>6} ({status.episodes:,} eps) | lag {lag} | trainer {status.trainer_steps:,} | "
+                f"return (last {status.return_window}) {_number(status.mean_episode_return):>6} "
+                f"({status.episodes:,} eps) | lag {_number(status.policy_lag)} | trainer {status.trainer_steps:,} | "
                 f"actors {status.connected_actors}")
         if status.eval_rounds:
-            line += f" | eval return {status.eval_mean_return:.1f} @ v{status.eval_policy_version:,}"
+            line += f" | eval return {_number(status.eval_mean_return)} @ v{status.eval_policy_version:,}"
         if self.interactive:
             sys.stdout.write("\r\033[K" + line)
             sys.stdout.flush()
@@ -41,10 +41,32 @@ class Progress:
             self._drawn = False
 
 
+def _number(value: float) -> str:
+    return "-" if math.isnan(value) else f"{value:.1f}"
+
+
 def print_summary(s: Mapping[str, Any]) -> None:
     """The learner's RunSummary (summary.json), in three lines."""
     print(f"done: {s['reason']}\n"
-          f"  env steps {s['env_steps']:,} | episodes {s['episodes']:,} | mean return (recent) "
-          f"{s['mean_episode_return']:.1f} | trainer steps {s['trainer_steps']:,} | {s['wall_s']:.0f}s")
+          f"  env steps {s['env_steps']:,} | episodes {s['episodes']:,} | mean return of the last "
+          f"{s['return_window']} {_number(s['mean_episode_return'])} | trainer steps {s['trainer_steps']:,} | "
+          f"{s['wall_s']:.0f}s")
     if s.get("target_reached") is False:
         print("  the target mean return was not reached")
+
+
+def script(name: str) -> str:
+    """How to run this Python environment's script `name` as printed: .venv/bin/name when the
+    environment sits below the current folder, its full path elsewhere, else the bare name."""
+    path = os.path.join(os.path.dirname(sys.executable), name)
+    if not os.path.exists(path):
+        return name
+    relative = os.path.relpath(path)
+    return relative if not relative.startswith("..") else path
+
+
+def print_next_steps(logdir: str, tensorboard_port: int = 0) -> None:
+    """The commands that come next, written so that they work as printed."""
+    running = f"  (running on http://localhost:{tensorboard_port})" if tensorboard_port else ""
+    print(f"TensorBoard: {script('tensorboard')} --logdir {logdir}{running}")
+    print(f"Watch the trained policy: {script('python')} -m fleetrl.launch.evaluate --checkpoint={logdir} --record")

@@ -50,9 +50,28 @@ def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict
     return checkpoint
 
 
-def check_fits(checkpoint: Mapping[str, Any], problem: str, model: torch.nn.Module, path: str) -> None:
-    """Raises CheckpointError naming the mismatch if `checkpoint` cannot load into `model`."""
-    if checkpoint["problem"] != problem:
+def resolve_checkpoint(path: str) -> str:
+    """`path` itself if it is a file; for a run's logdir (or its checkpoints/ folder), its
+    best.pt if an eval round wrote one, else its latest periodic checkpoint."""
+    if os.path.isfile(path):
+        return path
+    folder = os.path.join(path, "checkpoints") if os.path.isdir(os.path.join(path, "checkpoints")) else path
+    if os.path.isdir(folder):
+        checkpoints = CheckpointDir(folder)
+        if os.path.isfile(checkpoints.best_path):
+            return checkpoints.best_path
+        latest = checkpoints.latest()
+        if latest is not None:
+            return latest
+        raise CheckpointError(f"no checkpoint in {folder}: a run writes ckpt-*.pt there as it trains and at its end")
+    raise CheckpointError(f"no checkpoint file at {path}")
+
+
+def check_fits(checkpoint: Mapping[str, Any], problem: str, model: torch.nn.Module, path: str,
+               other_problem: bool = False) -> None:
+    """Raises CheckpointError naming the mismatch if `checkpoint` cannot load into `model`.
+    With `other_problem`, a checkpoint of another Problem loads if its weights fit."""
+    if checkpoint["problem"] != problem and not other_problem:
         raise CheckpointError(f"{path} was written by problem {checkpoint['problem']!r}, not {problem!r}")
     expected = model.state_dict()
     saved = checkpoint["model"]

@@ -53,7 +53,8 @@ class RunSummary:
     reason: str
     env_steps: int
     episodes: int
-    mean_episode_return: float
+    mean_episode_return: float  # over the last `return_window` train episodes
+    return_window: int
     trainer_steps: int
     wall_s: float
     target_reached: bool | None
@@ -222,14 +223,15 @@ class Learner:
             mean_inference_batch_size=self.inference.batch_envs / max(self.inference.batches, 1),
             eval_policy_version=last_eval.policy_version if last_eval else 0,
             eval_mean_return=last_eval.metrics.get("return", math.nan) if last_eval else math.nan,
-            eval_rounds=self.eval_rounds.completed,
+            eval_rounds=self.eval_rounds.completed, return_window=self.config.return_window,
         )
 
     def summary(self) -> RunSummary:
         target = self.config.target_mean_return
         return RunSummary(
             reason=self._reason, env_steps=self.inference.env_steps, episodes=self.episodes.total,
-            mean_episode_return=self.episodes.mean("return"), trainer_steps=self.policy.version,
+            mean_episode_return=self.episodes.mean("return"), return_window=self.config.return_window,
+            trainer_steps=self.policy.version,
             wall_s=time.monotonic() - self._started,
             target_reached=None if target is None else self._reason.startswith("target reached"),
         )

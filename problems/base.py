@@ -108,14 +108,18 @@ class Problem:
         or every task and init state, say by passing options={"episode_index": episode}."""
         return self.config.eval_seed + episode, None
 
-    def render_frame(self, observation: Mapping[str, np.ndarray]) -> np.ndarray | None:
-        """One env's observation as an RGB image [H, W, 3] uint8, for recorded episodes
-        (`launch.evaluate --record`). The default takes the first uint8 image observation."""
+    def render_frame(self, observation: Mapping[str, np.ndarray], env: gym.Env | None = None) -> np.ndarray | None:
+        """One env's current frame as an RGB image [H, W, 3] uint8, for recorded episodes
+        (`launch.evaluate --record`): the first uint8 image observation, else the env's own
+        render when it was made with render_mode="rgb_array" (as CartPole's is); None: nothing
+        to draw."""
         for value in observation.values():
             if value.dtype == np.uint8 and value.ndim == 3 and value.shape[-1] == 3:
                 return value
             if value.dtype == np.uint8 and value.ndim == 2:
                 return np.repeat(value[..., None], 3, axis=-1)
+        if env is not None and env.render_mode == "rgb_array":
+            return env.render()
         return None
 
     def episode_metrics(self, final_info: Mapping[str, Any]) -> dict[str, float]:

@@ -28,7 +28,9 @@ class CartPoleProblem(Problem):
 
     def make_env(self) -> gym.Env:
         # The passive env checker costs about a tenth of an actor's time and checks nothing new.
-        return gym.make("CartPole-v1", max_episode_steps=self.config.max_episode_steps, disable_env_checker=True)
+        # rgb_array costs nothing until render() is called: recorded episodes call it.
+        return gym.make("CartPole-v1", max_episode_steps=self.config.max_episode_steps, disable_env_checker=True,
+                        render_mode="rgb_array")
 
     def make_agent(self) -> Agent:
         (obs_spec,) = self.observation_specs()

@@ -72,7 +72,10 @@ class ContinuousControlProblem(GaussianPolicyProblem):
     Config = ContinuousControlConfig
 
     def make_env(self) -> gym.Env:
-        return gym.make(self.config.env_id, disable_env_checker=True)
+        try:  # rgb_array lets recorded episodes draw it; it costs nothing until render() is called
+            return gym.make(self.config.env_id, disable_env_checker=True, render_mode="rgb_array")
+        except TypeError:  # an env that takes no render_mode
+            return gym.make(self.config.env_id, disable_env_checker=True)
 
     def make_agent(self) -> Agent:
         obs_space, action_space = self._spaces

@@ -35,7 +35,7 @@ class GridNavProblem(Problem):
     def episode_metrics(self, final_info: Mapping[str, Any]) -> dict[str, float]:
         return {"success": float(final_info["success"])}
 
-    def render_frame(self, observation: Mapping[str, np.ndarray]) -> np.ndarray:
+    def render_frame(self, observation: Mapping[str, np.ndarray], env: gym.Env | None = None) -> np.ndarray:
         """The agent in green, the goal in red, 8 pixels a cell."""
         size = self.config.size
         agent, goal = observation["observation"].reshape(2, size, size)

@@ -202,7 +202,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("env_steps", "env_steps_per_s", "episodes", "mean_episode_return", "policy_lag", "trainer_steps", "connected_actors", "finished", "finished_reason", "uptime_s", "mean_inference_batch_size", "eval_policy_version", "eval_mean_return", "eval_rounds")
+    __slots__ = ("env_steps", "env_steps_per_s", "episodes", "mean_episode_return", "policy_lag", "trainer_steps", "connected_actors", "finished", "finished_reason", "uptime_s", "mean_inference_batch_size", "eval_policy_version", "eval_mean_return", "eval_rounds", "return_window")
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_PER_S_FIELD_NUMBER: _ClassVar[int]
     EPISODES_FIELD_NUMBER: _ClassVar[int]
@@ -217,6 +217,7 @@ class Status(_message.Message):
     EVAL_POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     EVAL_MEAN_RETURN_FIELD_NUMBER: _ClassVar[int]
     EVAL_ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    RETURN_WINDOW_FIELD_NUMBER: _ClassVar[int]
     env_steps: int
     env_steps_per_s: float
     episodes: int
@@ -231,7 +232,8 @@ class Status(_message.Message):
     eval_policy_version: int
     eval_mean_return: float
     eval_rounds: int
-    def __init__(self, env_steps: _Optional[int] = ..., env_steps_per_s: _Optional[float] = ..., episodes: _Optional[int] = ..., mean_episode_return: _Optional[float] = ..., policy_lag: _Optional[float] = ..., trainer_steps: _Optional[int] = ..., connected_actors: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_reason: _Optional[str] = ..., uptime_s: _Optional[float] = ..., mean_inference_batch_size: _Optional[float] = ..., eval_policy_version: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_rounds: _Optional[int] = ...) -> None: ...
+    return_window: int
+    def __init__(self, env_steps: _Optional[int] = ..., env_steps_per_s: _Optional[float] = ..., episodes: _Optional[int] = ..., mean_episode_return: _Optional[float] = ..., policy_lag: _Optional[float] = ..., trainer_steps: _Optional[int] = ..., connected_actors: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_reason: _Optional[str] = ..., uptime_s: _Optional[float] = ..., mean_inference_batch_size: _Optional[float] = ..., eval_policy_version: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_rounds: _Optional[int] = ..., return_window: _Optional[int] = ...) -> None: ...
 
 class EvalWorkRequest(_message.Message):
     __slots__ = ("actor_id", "max_episodes")

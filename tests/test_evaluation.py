@@ -1,8 +1,10 @@
 """Evaluation: eval rounds handed to eval actors, and standalone evaluation with recordings."""
 
 import json
+import os
 import subprocess
 import sys
+import textwrap
 
 import imageio.v3 as iio
 import pytest
@@ -100,9 +102,77 @@ def test_standalone_evaluation_records_image_episodes(tmp_path, video_format):
     assert events.Images("eval/episode_0000")[0].encoded_image_string[:6] == b"GIF89a"
 
 
-def test_evaluating_a_problem_without_images_with_record_fails_clearly(tmp_path):
-    checkpoint = checkpoint_of_an_untrained(tmp_path, "cartpole", max_episode_steps="20")
+NO_PICTURES = textwrap.dedent("""
+    import gymnasium as gym
+    import numpy as np
+    from fleetrl.agents import MLPAgent
+    from fleetrl.problems import Problem
+
+    class Blind(gym.Env):  # no image observation, no render
+        observation_space = gym.spaces.Box(-1, 1, (2,), np.float32)
+        action_space = gym.spaces.Discrete(2)
+
+        def reset(self, *, seed=None, options=None):
+            return np.zeros(2, np.float32), {}
+
+        def step(self, action):
+            return np.zeros(2, np.float32), 0.0, True, False, {}
+
+    class BlindProblem(Problem):
+        def make_env(self):
+            return Blind()
+
+        def make_agent(self):
+            return MLPAgent(2, 2, (8,))
+""")
+
+
+def test_recording_a_problem_with_nothing_to_draw_fails_at_once_in_one_line(tmp_path, monkeypatch):
+    (tmp_path / "blind.py").write_text(NO_PICTURES)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    checkpoint = checkpoint_of_an_untrained(tmp_path, "blind:BlindProblem")
     result = subprocess.run(
         [sys.executable, "-m", "fleetrl.launch.evaluate", f"--checkpoint={checkpoint}", "--episodes=1", "--record",
-         f"--output={tmp_path / 'eval'}"], capture_output=True, text=True, timeout=300)
-    assert result.returncode != 0 and "has no image observation to record" in result.stderr
+         f"--output={tmp_path / 'eval'}"], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    assert "--record: BlindProblem has nothing to record" in result.stderr
+    assert "render_mode='rgb_array'" in result.stderr and not (tmp_path / "eval").exists()
+
+
+RENDERING_CARTPOLE = textwrap.dedent("""
+    from fleetrl.problems.cartpole import CartPoleProblem
+
+    class BigFrames(CartPoleProblem):  # a subclass that only changes how episodes are drawn
+        def render_frame(self, observation, env=None):
+            frame = super().render_frame(observation, env)
+            return frame.repeat(2, axis=0).repeat(2, axis=1)
+""")
+
+
+def test_a_run_is_evaluated_from_its_logdir_and_a_subclass_may_draw_it(tmp_path, monkeypatch):
+    """CartPole records its own renders; a run's logdir names its latest checkpoint; a
+    subclass of the checkpoint's Problem, given explicitly, plays its weights."""
+    checkpoint = checkpoint_of_an_untrained(tmp_path, "cartpole", max_episode_steps="15")
+    run_dir = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetrl.launch.evaluate", f"--checkpoint={run_dir}", "--episodes=2", "--record",
+         "--record_episodes=1"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    assert f"evaluating {checkpoint}" in result.stdout
+    frames = iio.imread(f"{checkpoint[:-3]}-eval/episode_0000.gif", index=None)
+    assert frames.shape[1:] == (400, 600, 3) and frames.shape[0] >= 2  # gymnasium's own CartPole drawing
+
+    (tmp_path / "big_frames.py").write_text(RENDERING_CARTPOLE)
+    env = {**os.environ, "PYTHONPATH": str(tmp_path)}
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetrl.launch.evaluate", f"--checkpoint={checkpoint}",
+         "--problem=big_frames:BigFrames", "--episodes=1", "--record", f"--output={tmp_path / 'big'}"],
+        capture_output=True, text=True, timeout=300, env=env)
+    assert result.returncode == 0, result.stderr
+    assert iio.imread(tmp_path / "big" / "episode_0000.gif", index=None).shape[1:] == (800, 1200, 3)
+    # A Problem that is neither the checkpoint's nor its subclass needs asking twice.
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetrl.launch.evaluate", f"--checkpoint={checkpoint}", "--problem=grid_nav",
+         "--hparams=", "--episodes=1"], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 2 and "was written by problem 'cartpole', not 'grid_nav'" in result.stderr

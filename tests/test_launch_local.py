@@ -7,19 +7,21 @@ so the tests can check that no process of the run is left behind.
 import json
 import math
 import pathlib
+import shlex
 import signal
 import subprocess
 import sys
 import textwrap
 import time
 
+import imageio.v3 as iio
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 
 @pytest.mark.slow
-def test_cartpole_learns_and_writes_summaries(tmp_path, local_run):
+def test_cartpole_learns_and_writes_summaries(tmp_path, local_run, repo_root):
     """V-trace through the whole system, for real: a random policy averages about 22."""
     process, tag = local_run.start(tmp_path, "--problem=cartpole", "--num_actors=2", "--envs_per_actor=16", "--seed=1",
                                "--total_env_steps=600000", "--target_mean_return=400", "--summary_interval_s=1")
@@ -27,7 +29,17 @@ def test_cartpole_learns_and_writes_summaries(tmp_path, local_run):
     assert code == 0, output
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["target_reached"] and summary["mean_episode_return"] >= 400, output
-    assert "tensorboard --logdir" in output and "env steps" in output
+    assert "env steps" in output and f"mean return of the last 100 {summary['mean_episode_return']:.1f}" in output
+
+    # The commands printed next work as printed, from where the run was started.
+    lines = dict(line.split(": ", 1) for line in output.splitlines() if line.startswith(("TensorBoard:", "Watch")))
+    tensorboard, logdir_flag = lines["TensorBoard"].split(" --logdir ")
+    assert (repo_root / tensorboard).exists() and logdir_flag == str(tmp_path)
+    watch = shlex.split(lines["Watch the trained policy"]) + ["--episodes=2", "--record_episodes=1"]
+    result = subprocess.run(watch, capture_output=True, text=True, timeout=300, cwd=repo_root)
+    assert result.returncode == 0, result.stderr
+    (gif,) = (tmp_path / "checkpoints").glob("ckpt-*-eval/episode_0000.gif")
+    assert iio.imread(gif, index=None).shape[0] > 50  # a trained CartPole balances for a while
 
     scalars = local_run.read_scalars(tmp_path)
     for name in ["loss/total", "loss/policy", "loss/baseline", "loss/entropy", "policy/entropy",
