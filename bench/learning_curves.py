@@ -4,7 +4,7 @@
 
 Runs `fleetrl.launch.local` once per algorithm, one after the other on this machine, and
 prints the mean training-episode return around each milestone (from the TensorBoard
-`train/episode_return` summaries), the final mean over the last 100 episodes, and the wall
+`episode/return` summaries), the final mean over the last 100 episodes, and the wall
 time. The README's side-by-side table comes from this script.
 """
 
@@ -40,10 +40,10 @@ ALGORITHM_FLAGS = {
 
 
 def curve(logdir: pathlib.Path, milestones: list[int], window: int) -> list[float]:
-    """The mean of the `train/episode_return` summaries in (m - window, m], per milestone m."""
+    """The mean of the `episode/return` summaries in (m - window, m], per milestone m."""
     events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     events.Reload()
-    points = [(e.step, e.value) for e in events.Scalars("train/episode_return")]
+    points = [(e.step, e.value) for e in events.Scalars("episode/return")]
     out = []
     for m in milestones:
         values = [v for step, v in points if m - window < step <= m]

@@ -19,6 +19,7 @@ import time
 import grpc
 from absl import flags
 
+from fleetrl.common.files import atomic_write_json
 from fleetrl.launch.configs import FleetConfig, LocalConfig
 from fleetrl.launch.flags import (
     define_flags,
@@ -47,6 +48,10 @@ def launch(config: LocalConfig) -> int:
     address_file = os.path.join(learner_cfg.logdir, "learner_address")
     if os.path.exists(address_file):
         os.remove(address_file)
+    # The launch's own settings start config.json; the learner adds its own and the Problem's.
+    atomic_write_json(os.path.join(learner_cfg.logdir, "config.json"), {"launch": {
+        "launcher": "fleetrl.launch.local", **dataclasses.asdict(config.fleet),
+        "tensorboard_port": config.tensorboard_port}}, indent=2)
     children = ChildProcesses()
     python = [sys.executable, "-m"]
     stop_requested = []

@@ -23,8 +23,8 @@ class Progress:
     def show(self, status: pb.Status) -> None:
         line = (f"[{status.uptime_s:5.0f}s] env steps {status.env_steps:>10,} | {status.env_steps_per_s:7,.0f}/s | "
                 f"return (last {status.return_window}) {_number(status.mean_episode_return):>6} "
-                f"({status.episodes:,} eps) | lag {_number(status.policy_lag)} | trainer {status.trainer_steps:,} | "
-                f"actors {status.connected_actors}")
+                f"({status.episodes:,} eps) | lag {_number(status.policy_lag)} updates | "
+                f"trainer {status.trainer_steps:,} | actors {status.connected_actors}")
         if status.eval_rounds:
             line += f" | eval return {_number(status.eval_mean_return)} @ v{status.eval_policy_version:,}"
         if self.interactive:

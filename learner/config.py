@@ -43,7 +43,9 @@ class LearnerConfig:
     block_inference_on_training: bool | None = problem_setting(
         False, "Hold inference while the trainer updates (SEED RL's option of that name), so that PPO trains on "
                "data at most one update behind.")
-    summary_interval_s: float = setting(5.0, "Seconds between TensorBoard writes.")
+    summary_interval_s: float = setting(5.0, "Seconds between TensorBoard writes once the run has gone a while; its "
+                                             "first minutes write every uptime/100 s (at least every 1 s), so a "
+                                             "short run still draws curves.")
     torch_threads: int = setting(1, "torch intra-op threads of each of the inference and training threads. 1 is "
                                     "fastest for small models on few cores.")
     max_actors: int = setting(64, "Actor streams served at once (one gRPC worker thread each).")

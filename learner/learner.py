@@ -17,6 +17,7 @@ process wrote after that checkpoint, so no curve steps back or repeats a step.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import math
 import os
@@ -123,13 +124,9 @@ class Learner:
 
     def run(self) -> RunSummary:
         os.makedirs(self.config.logdir, exist_ok=True)
-        # The whole config as resolved (the Problem's defaults included): what this run trains with.
-        atomic_write_json(os.path.join(self.config.logdir, "config.json"), {
-            "learner": dataclasses.asdict(self.config),
-            "problem": {"class": f"{type(self.problem).__module__}:{type(self.problem).__qualname__}",
-                        "config": dataclasses.asdict(self.problem.config)}}, indent=2)
+        run_config = self._write_run_config()
         summaries = TrainSummaries(self.config.logdir, self.scalars, self.inference, self.policy, self._gauges,
-                                   resumed=self.resumed_from is not None)
+                                   resumed=self.resumed_from is not None, config=run_config)
         self.eval_results.open(resumed=self.resumed_from is not None)
         self.server.start()
         self.batcher.start()
@@ -138,10 +135,16 @@ class Learner:
         monitor.start()
         try:
             while not self.stop.is_set():
+                # Unrolls waiting when the trainer comes back for more (at batch_size or above, the
+                # trainer is the bottleneck), and the share of its time spent waiting for data.
+                self.scalars.add("learner/unroll_queue_size", self.unrolls.qsize())
+                started = time.monotonic()
                 batch = self.unrolls.get_batch(self.config.batch_size)
                 if batch is None:
                     break
+                waited = time.monotonic() - started
                 self.scalars.add_all(self.trainer.update(batch))
+                self.scalars.add("learner/trainer_idle_fraction", waited / max(time.monotonic() - started, 1e-9))
                 self.run_state.save_if_due()
         except BaseException as e:
             self.finish(f"error: {e!r}")
@@ -161,6 +164,22 @@ class Learner:
         atomic_write_json(os.path.join(self.config.logdir, "summary.json"), dataclasses.asdict(summary), indent=2)
         return summary
 
+    def _write_run_config(self) -> dict:
+        """<logdir>/config.json: the whole config as resolved (the Problem's defaults included),
+        keeping the "launch" section a launcher wrote there before starting this learner."""
+        path = os.path.join(self.config.logdir, "config.json")
+        launch = {}
+        if os.path.exists(path):
+            with open(path) as f:
+                launch = json.load(f).get("launch", {})
+        run_config = {
+            "learner": dataclasses.asdict(self.config),
+            "problem": {"class": f"{type(self.problem).__module__}:{type(self.problem).__qualname__}",
+                        "config": dataclasses.asdict(self.problem.config)},
+            **({"launch": launch} if launch else {})}
+        atomic_write_json(path, run_config, indent=2)
+        return run_config
+
     def finish(self, reason: str) -> None:
         """Ends the run: the first reason given is the one reported."""
         if not self.stop.is_set():
@@ -176,12 +195,16 @@ class Learner:
             return frozen_copy(self.agent), self.policy.version
 
     def _monitor(self, summaries: TrainSummaries) -> None:
-        next_write = time.monotonic() + self.config.summary_interval_s
-        while not self.stop.wait(0.25):
+        last_write = time.monotonic()
+        while not self.stop.wait(0.1):
             self._check_stop_conditions()
-            if time.monotonic() >= next_write:
+            now = time.monotonic()
+            # A short run writes often enough to draw curves: every uptime/100 s, at least
+            # every 1 s, growing to summary_interval_s.
+            interval = min(self.config.summary_interval_s, max(1.0, (now - self._started) / 100))
+            if now - last_write >= interval:
                 summaries.write()
-                next_write += self.config.summary_interval_s
+                last_write = now
 
     def _check_stop_conditions(self) -> None:
         target = self.config.target_mean_return
@@ -194,7 +217,6 @@ class Learner:
 
     def _gauges(self) -> dict[str, float]:
         return {
-            "learner/unroll_queue_size": self.unrolls.qsize(),
             "learner/connected_actors": self.service.connected_actors,
             "learner/dropped_partial_unrolls": self.store.dropped_partial_unrolls,
             "learner/rejected_messages": self.service.rejected_messages,

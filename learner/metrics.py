@@ -19,6 +19,8 @@ class ScalarMeans:
         self._lock = threading.Lock()
         self._sums: dict[str, float] = collections.defaultdict(float)
         self._counts: dict[str, int] = collections.defaultdict(int)
+        # name -> [count, sum, sum of squares, min, max] of each observation's value
+        self._spreads: dict[str, list[float]] = {}
 
     def add(self, name: str, value: float, count: int = 1) -> None:
         """Adds `count` observations whose mean is `value`."""
@@ -30,12 +32,28 @@ class ScalarMeans:
         for name, value in values.items():
             self.add(name, value)
 
+    def add_with_spread(self, name: str, value: float) -> None:
+        """An observation whose mean and also min, max and std the drain reports (as
+        name, name_min, name_max, name_std): an episode's return, say."""
+        value = float(value)
+        with self._lock:
+            spread = self._spreads.setdefault(name, [0, 0.0, 0.0, math.inf, -math.inf])
+            spread[0] += 1
+            spread[1] += value
+            spread[2] += value * value
+            spread[3], spread[4] = min(spread[3], value), max(spread[4], value)
+
     def drain(self) -> dict[str, float]:
-        """The means since the last drain, and a reset."""
+        """The means (and spreads) since the last drain, and a reset."""
         with self._lock:
             means = {k: self._sums[k] / self._counts[k] for k in self._sums if self._counts[k]}
+            for name, (count, total, squares, low, high) in self._spreads.items():
+                mean = total / count
+                means.update({name: mean, f"{name}_min": low, f"{name}_max": high,
+                              f"{name}_std": math.sqrt(max(squares / count - mean * mean, 0.0))})
             self._sums.clear()
             self._counts.clear()
+            self._spreads.clear()
             return means
 
 

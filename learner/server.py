@@ -79,6 +79,13 @@ class ServedRun:
     eval_rounds: EvalRounds | None = None
 
 
+def episode_tag(group: str, metric: str) -> str:
+    """TensorBoard's tag for an episode metric: episode/return for the policy's own
+    ("train") episodes, episode_teacher/return for another group's. TensorBoard sorts its
+    groups by name and opens the first ones, so the episode curves come first."""
+    return f"episode/{metric}" if group == TRAIN else f"episode_{group}/{metric}"
+
+
 class Episode(NamedTuple):
     """A finished episode as an actor reported it."""
 
@@ -239,12 +246,14 @@ class LearnerService(pb_grpc.LearnerServicer):
         return message.WhichOneof("kind") or "an empty ActorMessage: set its handshake or its step"
 
     def _submit(self, request: StepRequest, episodes: list[Episode]):
-        """Training episodes go to their group's summaries; the "train" ones also to the
-        recent-return window."""
+        """Training episodes go to their group's summaries (see `episode_tag`); the "train"
+        ones also to the recent-return window."""
         for episode in episodes:
             for name, value in episode.metrics.items():
-                tag = f"episode_{name}" if name in ("return", "length") else name
-                self.run.scalars.add(f"{episode.group}/{tag}", value)
+                if name == "return":
+                    self.run.scalars.add_with_spread(episode_tag(episode.group, name), value)
+                else:
+                    self.run.scalars.add(episode_tag(episode.group, name), value)
         self.run.episodes.extend(e.metrics for e in episodes if e.group == TRAIN)
         return self.run.batcher.submit(request)
 

@@ -4,19 +4,30 @@ The step axis is env steps. Each write drains the means accumulated since the la
 (losses, episode metrics, latencies) and adds rates over the interval. A write at the
 env step of the previous one is skipped (a resumed run's first seconds), so no curve ever
 repeats a step; the writer purges what a crashed process wrote after its checkpoint.
+
+Nothing constant is written again and again: counters of rare events only once they are
+nonzero, the learning rate only when it changes. The run's config goes to the Text tab.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import time
 from collections.abc import Callable
+from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
 from fleetrl.learner.inference import InferenceStep, PolicyVersion
 from fleetrl.learner.metrics import ScalarMeans
+
+# Counters of rare events (and unrolls left waiting), written once nonzero; settings, written
+# when they change.
+WHEN_NONZERO = frozenset({"learner/dropped_partial_unrolls", "learner/rejected_messages",
+                          "learner/unroll_queue_size"})
+WHEN_CHANGED = frozenset({"optim/learning_rate"})
 
 
 @dataclasses.dataclass
@@ -30,8 +41,9 @@ class _Counts:
 
 class TrainSummaries:
     def __init__(self, logdir: str, scalars: ScalarMeans, inference: InferenceStep, policy: PolicyVersion,
-                 gauges: Callable[[], dict[str, float]], resumed: bool):
-        """`gauges` reads the levels to write as they are (queue size, connected actors, ...)."""
+                 gauges: Callable[[], dict[str, float]], resumed: bool, config: dict[str, Any]):
+        """`gauges` reads the levels to write as they are (queue size, connected actors, ...);
+        `config` is the run's, for TensorBoard's Text tab."""
         self._scalars = scalars
         self._inference = inference
         self._policy = policy
@@ -40,6 +52,9 @@ class TrainSummaries:
         self._writer = SummaryWriter(logdir, purge_step=inference.env_steps if resumed else None)
         self._last = self._counts()
         self._written = False
+        self._last_values: dict[str, float] = {}
+        self._writer.add_text("config", "```json\n" + json.dumps(config, indent=2) + "\n```",
+                              global_step=inference.env_steps)
 
     def _counts(self) -> _Counts:
         return _Counts(time.monotonic(), self._inference.env_steps, self._policy.version, self._inference.batches,
@@ -58,8 +73,11 @@ class TrainSummaries:
         if now.batches > last.batches:
             scalars["inference/mean_batch_size"] = (now.batch_envs - last.batch_envs) / (now.batches - last.batches)
         for tag, value in scalars.items():
-            if math.isfinite(value):
-                self._writer.add_scalar(tag, value, global_step=now.env_steps)
+            if not math.isfinite(value) or (tag in WHEN_NONZERO and value == 0) or (
+                    tag in WHEN_CHANGED and self._last_values.get(tag) == value):
+                continue
+            self._writer.add_scalar(tag, value, global_step=now.env_steps)
+            self._last_values[tag] = value
         self._writer.flush()
 
     def close(self) -> None:

@@ -39,6 +39,8 @@ class Trainer:
         self.epochs = problem.config.epochs or self.algorithm.default_epochs
         self.minibatches = problem.config.minibatches or self.algorithm.default_minibatches
         self.shuffle_generator = torch.Generator().manual_seed(seed)
+        # In updates (one batch's epochs x minibatches optimizer steps): how much older the
+        # policy that acted is than the one being trained, averaged over the batch's steps.
         self.last_policy_lag = float("nan")
 
     def update(self, batch: UnrollBatch) -> dict[str, float]:
@@ -61,8 +63,8 @@ class Trainer:
                     step_logs = self._step(minibatch, minibatch_prepared)
                     for name, value in step_logs.items():
                         logs[name] = logs.get(name, 0.0) + value / (self.epochs * self.minibatches)
-        self.last_policy_lag = float(lag)
-        logs["learner/policy_lag"] = self.last_policy_lag
+        self.last_policy_lag = float(lag) / (self.epochs * self.minibatches)
+        logs["learner/policy_lag_updates"] = self.last_policy_lag
         return logs
 
     def _step(self, minibatch: UnrollBatch, prepared: dict[str, torch.Tensor]) -> dict[str, float]:

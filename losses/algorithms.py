@@ -174,7 +174,7 @@ class GRPO(Algorithm):
         level = problem.config.logprob_type
         log_probs = per_step(batch.extras, problem.action_log_prob(outputs, batch.action), level)[:-1]
         no_value = torch.zeros_like(prepared["advantages"])
-        return ppo_loss(
+        loss, logs = ppo_loss(
             log_probs=log_probs, old_log_probs=per_step(batch.extras, batch.behaviour_log_prob, level)[:-1],
             advantages=align_advantages(prepared["advantages"], log_probs.shape),
             values=no_value, old_values=no_value, returns=no_value,
@@ -183,6 +183,9 @@ class GRPO(Algorithm):
             value_valid=prepared["valid"], entropy_valid=prepared["valid"],
             config=dataclasses.replace(problem.config, baseline_cost=0.0, normalize_advantages=False),
         )
+        for name in ("loss/value", "value/explained_variance"):  # no value function: nothing to report
+            logs.pop(name)
+        return loss, logs
 
 
 ALGORITHMS: dict[str, Algorithm] = {"vtrace": VTrace(), "ppo": PPO(), "grpo": GRPO(), "supervised": Supervised()}

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from fleetrl.losses.config import LossConfig
+from fleetrl.losses.explained_variance import explained_variance
 
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -59,18 +60,14 @@ def ppo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: t
     total = policy_loss + config.baseline_cost * value_loss - config.entropy_cost * mean_entropy
 
     with torch.no_grad():
-        residual = returns - old_values
-        residual_var = masked_mean((residual - masked_mean(residual, value_valid)) ** 2, value_valid)
-        returns_var = masked_mean((returns - masked_mean(returns, value_valid)) ** 2, value_valid)
         logs = {
             "loss/total": total.detach(),
             "loss/policy": policy_loss.detach(),
             "loss/value": value_loss.detach(),
-            "loss/entropy": -mean_entropy.detach(),
             "policy/entropy": mean_entropy.detach(),
             "ppo/approx_kl": masked_mean((ratio - 1) - log_ratio, valid),
             "ppo/clip_fraction": masked_mean(((ratio < 1 - config.clip_eps_low) |
                                               (ratio > 1 + config.clip_eps_high)).float(), valid),
-            "value/explained_variance": 1 - residual_var / returns_var.clamp(min=1e-8),
+            "value/explained_variance": explained_variance(old_values, returns, value_valid),
         }
     return total, logs

@@ -21,6 +21,7 @@ import torch
 
 from fleetrl.losses.backward_scan import discounted_backward_sum
 from fleetrl.losses.config import LossConfig
+from fleetrl.losses.explained_variance import explained_variance
 
 
 @dataclasses.dataclass
@@ -75,9 +76,9 @@ def vtrace_loss(target_log_probs: torch.Tensor, entropy: torch.Tensor, values: t
         "loss/total": total.detach(),
         "loss/policy": policy_loss.detach(),
         "loss/baseline": baseline_loss.detach(),
-        "loss/entropy": (-mean_entropy).detach(),
         "policy/entropy": mean_entropy.detach() * count / valid.sum().clamp(min=1),
         "policy/mean_rho": (torch.exp(log_rhos) * valid).sum() / valid.sum().clamp(min=1),
         "value/mean_target": (returns.vs * valid).sum() / valid.sum().clamp(min=1),
+        "value/explained_variance": explained_variance(values[:-1].detach(), returns.vs, valid),
     }
     return total, logs

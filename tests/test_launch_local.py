@@ -42,15 +42,16 @@ def test_cartpole_learns_and_writes_summaries(tmp_path, local_run, repo_root):
     assert iio.imread(gif, index=None).shape[0] > 50  # a trained CartPole balances for a while
 
     scalars = local_run.read_scalars(tmp_path)
-    for name in ["loss/total", "loss/policy", "loss/baseline", "loss/entropy", "policy/entropy",
+    for name in ["loss/total", "loss/policy", "loss/baseline", "policy/entropy", "value/explained_variance",
                  "optim/learning_rate", "optim/grad_norm", "throughput/env_steps_per_s",
                  "throughput/learner_steps_per_s", "inference/mean_batch_size", "inference/latency_ms",
-                 "learner/unroll_queue_size", "learner/policy_lag", "learner/connected_actors",
-                 "train/episode_return", "train/episode_length"]:
+                 "learner/unroll_queue_size", "learner/policy_lag_updates", "learner/connected_actors",
+                 "episode/return", "episode/return_min", "episode/return_max", "episode/return_std",
+                 "episode/length"]:
         assert scalars.get(name), f"no summary {name}; have {sorted(scalars)}"
         assert all(math.isfinite(v) for v in scalars[name]), name
     assert max(scalars["learner/connected_actors"]) == 2
-    assert max(scalars["train/episode_return"]) > 100
+    assert max(scalars["episode/return"]) > 100
     assert 1 <= max(scalars["inference/mean_batch_size"]) <= 32
 
 
@@ -60,7 +61,8 @@ def test_ppo_solves_cartpole_within_500k_env_steps(tmp_path, local_run):
                     "--unroll_length=16", "--block_inference_on_training", "--total_env_steps=500000",
                     "--target_mean_return=475", "--summary_interval_s=1")
     scalars = local_run.read_scalars(tmp_path)
-    for name in ["ppo/approx_kl", "ppo/clip_fraction", "value/explained_variance", "loss/value", "learner/policy_lag"]:
+    for name in ["ppo/approx_kl", "ppo/clip_fraction", "value/explained_variance", "loss/value",
+                 "learner/policy_lag_updates"]:
         assert scalars.get(name) and all(math.isfinite(v) for v in scalars[name]), name
     assert max(scalars["value/explained_variance"]) > 0.5
 
@@ -99,7 +101,8 @@ def test_mixing_teacher_forcing_into_rl_beats_pure_rl_at_equal_env_steps(tmp_pat
         assert code == 0, output
         success[fraction] = json.loads((logdir / "summary.json").read_text())["mean_episode_return"]
         if fraction == "0.5":
-            assert local_run.read_scalars(logdir)["teacher/success"][-1] == 1.0  # forced episodes follow the oracle
+            # Forced episodes follow the oracle.
+            assert local_run.read_scalars(logdir)["episode_teacher/success"][-1] == 1.0
     assert success["0.5"] >= 0.6 and success["0.5"] > success["0.0"] + 0.3, success
 
 
@@ -190,7 +193,7 @@ def test_a_user_problem_trains_by_import_path(tmp_path, user_package, local_run)
     assert code == 0, output
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["target_reached"], output  # random play scores 5 of 10
-    accuracy = local_run.read_scalars(logdir)["train/accuracy"]  # the Problem's own metric reaches TensorBoard
+    accuracy = local_run.read_scalars(logdir)["episode/accuracy"]  # the Problem's own metric reaches TensorBoard
     assert accuracy and max(accuracy) > 0.9
 
 
@@ -233,9 +236,9 @@ def test_eval_actors_write_eval_summaries_and_the_best_checkpoint_evaluates_alik
 
     events = EventAccumulator(str(tmp_path / "eval"), size_guidance={"scalars": 0})
     events.Reload()
-    logged = {e.step: e.value for e in events.Scalars("eval/episode_return")}
+    logged = {e.step: e.value for e in events.Scalars("eval/return")}
     assert logged == {r["policy_version"]: pytest.approx(r["return"]) for r in rounds}
-    assert "eval/episode_return" not in local_run.read_scalars(tmp_path)  # eval stays out of train/ curves
+    assert "eval/return" not in local_run.read_scalars(tmp_path)  # eval stays out of the training curves
 
     best = torch.load(tmp_path / "checkpoints" / "best.pt", weights_only=True)
     assert best["eval_metrics"]["return"] == max(r["return"] for r in rounds)
@@ -261,7 +264,7 @@ def test_a_restarted_run_continues_its_counters_and_curves_and_keeps_improving(t
 
     events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
     events.Reload()  # applies TensorBoard's purge of what the first run wrote after its checkpoint
-    returns = [(e.step, e.value) for e in events.Scalars("train/episode_return")]
+    returns = [(e.step, e.value) for e in events.Scalars("episode/return")]
     before = max(v for step, v in returns if step <= first["env_steps"])
     after = max(v for step, v in returns if step > first["env_steps"])
     assert after > before + 100, (before, after)  # training went on improving
@@ -278,3 +281,37 @@ def train_for(local_run, logdir, *flags) -> dict:
     code, output = local_run.finish(process, tag)
     assert code == 0, output
     return json.loads((pathlib.Path(logdir) / "summary.json").read_text())
+
+
+def test_tensorboard_shows_the_config_and_no_duplicate_idle_or_sparse_curves(tmp_path, local_run):
+    """A short CartPole run, read back from its event files: what a researcher opens first."""
+    process, tag = local_run.start(tmp_path, "--problem=cartpole", "--num_actors=1", "--envs_per_actor=8",
+                                   "--total_env_steps=25000")
+    code, output = local_run.finish(process, tag, timeout=300)
+    assert code == 0, output
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0, "tensors": 0})
+    events.Reload()
+    # The whole config, in the Text tab and in config.json.
+    (text,) = [tag for tag in events.Tags()["tensors"] if tag.startswith("config")]
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert set(config) == {"launch", "learner", "problem"} and config["launch"]["num_actors"] == 1
+    assert b'"batch_size": 8' in events.Tensors(text)[0].tensor_proto.string_val[0]
+    series = {tag: [e.value for e in events.Scalars(tag)] for tag in events.Tags()["scalars"]}
+    # Episode curves, with their spread, sort first in TensorBoard (its groups go by name).
+    assert {"episode/return", "episode/return_min", "episode/return_max", "episode/return_std"} <= set(series)
+    assert sorted({tag.split("/")[0] for tag in series})[0] == "episode"
+    # No tag for an unused feature, no counter of nothing, no copy of another curve.
+    assert not any(tag.startswith("teacher_forcing/") or tag == "loss/entropy" for tag in series)
+    assert not any(all(v == 0 for v in values) for values in series.values()), \
+        [tag for tag, values in series.items() if all(v == 0 for v in values)]
+    curves = sorted(series.items())
+    for i, (a, va) in enumerate(curves):
+        for b, vb in curves[i + 1:]:
+            if (a, b) == ("episode/length", "episode/return"):
+                continue  # CartPole's return is its length: the env's doing, not a copy
+            if len(va) == len(vb) and len(va) > 2:
+                assert va != vb and va != [-v for v in vb], f"{a} duplicates {b}"
+    # Enough points on a short run (about one a second), and no empty eval run without eval actors.
+    wall_s = json.loads((tmp_path / "summary.json").read_text())["wall_s"]
+    assert len(series["episode/return"]) >= min(20, wall_s / 2), (len(series["episode/return"]), wall_s)
+    assert not (tmp_path / "eval").exists()

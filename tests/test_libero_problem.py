@@ -47,9 +47,10 @@ def test_a_learner_and_one_actor_train_on_real_libero_with_action_chunks(tmp_pat
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["trainer_steps"] >= 1 and summary["episodes"] >= 4, summary
     scalars = local_run.read_scalars(logdir)
-    for tag_ in ("train/success_once", "train/episode_len", "train/task_0/success", "loss/policy", "ppo/approx_kl"):
+    for tag_ in ("episode/success_once", "episode/episode_len", "episode/task_0/success", "loss/policy",
+                 "ppo/approx_kl"):
         assert tag_ in scalars, sorted(scalars)
-    assert set(scalars["train/episode_len"]) == {16.0}  # 4 chunks of 4 actions each, then truncation
+    assert set(scalars["episode/episode_len"]) == {16.0}  # 4 chunks of 4 actions each, then truncation
     checkpoint = torch.load(max((logdir / "checkpoints").glob("ckpt-*.pt")), weights_only=True)
     assert checkpoint["problem"] == "libero"
     assert checkpoint["hparams"]["suite"] == "libero_spatial" and checkpoint["hparams"]["chunk_size"] == "4"
@@ -72,4 +73,4 @@ def test_grpo_trains_on_real_libero_with_a_group_of_envs_in_subprocesses(tmp_pat
     summary = json.loads((logdir / "summary.json").read_text())
     assert summary["trainer_steps"] >= 1 and summary["episodes"] >= 4, summary
     scalars = local_run.read_scalars(logdir)
-    assert "loss/policy" in scalars and set(scalars["train/episode_len"]) == {8.0}
+    assert "loss/policy" in scalars and set(scalars["episode/episode_len"]) == {8.0}

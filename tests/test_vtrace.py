@@ -114,4 +114,4 @@ def test_loss_gradients_flow_to_policy_and_baseline_only_through_the_estimates()
     assert logits.grad[:-1].abs().sum() > 0 and values.grad[:-1].abs().sum() > 0
     # The last step only bootstraps: targets carry no gradient into it.
     assert values.grad[-1].abs().sum() == 0 and logits.grad[-1].abs().sum() == 0
-    assert set(logs) >= {"loss/total", "loss/policy", "loss/baseline", "loss/entropy", "policy/entropy"}
+    assert set(logs) >= {"loss/total", "loss/policy", "loss/baseline", "policy/entropy", "value/explained_variance"}
