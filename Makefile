@@ -55,9 +55,9 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 # What a developer runs while working: unit tests and in-process gRPC tests, no learning
-# runs, LIBERO or Ray (the tests marked slow).
+# runs, LIBERO or Ray (the tests marked slow), on two workers.
 test-fast: lint libero
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n 2
 
 # The whole suite, as CI runs it. The LIBERO tests run the real simulator, so the test
 # environment has it.

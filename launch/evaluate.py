@@ -95,6 +95,9 @@ def _check_recordable(problem) -> None:
 
 def main(argv: list[str]) -> int:
     del argv
+    # Headless: pygame draws rendering envs (CartPole's) off screen, without a display or sound.
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     try:
         config = from_flags(EvaluateConfig)
         path = resolve_checkpoint(config.checkpoint)

@@ -3,7 +3,8 @@
 A chunked policy emits K actions per step, each of D dimensions (tokens). The env may stop
 a chunk early at an episode end; actions that never ran are masked everywhere. Each step's
 per-step extras (see fleetrl.envs.action_chunks) say how many of the chunk that led to it
-ran, and each one's reward. The options:
+ran, and each one's reward. The options (the chunk-level and action-level rewards and
+log-probs that the RLinf framework offers for VLA training):
 
 - `reward_type`: `chunk_level` trains on one reward per step, the chunk's sum (what the
   actor reports as the step's reward); `action_level` keeps the K rewards, and GAE runs

@@ -1,4 +1,6 @@
-"""The PPO loss (Schulman et al. 2017), as defined in the project's algorithm reference.
+"""The PPO loss: clipped surrogate (Schulman et al. 2017, "Proximal Policy Optimization
+Algorithms"), optional dual clip (Ye et al. 2020, "Mastering Complex Control in MOBA Games
+with Deep Reinforcement Learning") and value clipping.
 
     ratio = exp(log pi - log pi_old)
     L_pi  = mean(max(-A * ratio, -A * clip(ratio, 1 - eps_low, 1 + eps_high)))

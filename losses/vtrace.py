@@ -1,14 +1,15 @@
 """V-trace off-policy targets and the IMPALA actor-critic loss.
 
-Definitions follow Espeholt et al. (2018) and deepmind/scalable_agent's `vtrace.py`, as
-written out in the project's algorithm reference. Arrays are time-major [T, B].
+Definitions follow Espeholt et al. (2018), "IMPALA: Scalable Distributed Deep-RL with
+Importance Weighted Actor-Learner Architectures", and deepmind/scalable_agent's
+`vtrace.py`. Arrays are time-major [T, B].
 
 With c_t = lambda * min(c_bar, rho_t) and delta_t = min(rho_bar, rho_t) * (r_t + gamma_t V_{t+1} - V_t):
 
     vs_t = V_t + delta_t + gamma_t * c_t * (vs_{t+1} - V_{t+1}),   vs_T = V_T (bootstrap)
     pg_adv_t = min(pg_rho_bar, rho_t) * (r_t + gamma_t * vs_{t+1} - V_t)
 
-`valid` (optional, 1 or 0 per transition) extends the reference for Gymnasium's autoreset:
+`valid` (optional, 1 or 0 per transition) extends the paper's definition for Gymnasium's autoreset:
 an invalid transition has no TD error and cuts the trace, so vs_t = V_t there and the
 preceding transition bootstraps from V_t itself (see `fleetrl.losses.transitions`).
 """

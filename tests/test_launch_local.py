@@ -283,6 +283,7 @@ def train_for(local_run, logdir, *flags) -> dict:
     return json.loads((pathlib.Path(logdir) / "summary.json").read_text())
 
 
+@pytest.mark.slow
 def test_tensorboard_shows_the_config_and_no_duplicate_idle_or_sparse_curves(tmp_path, local_run):
     """A short CartPole run, read back from its event files: what a researcher opens first."""
     process, tag = local_run.start(tmp_path, "--problem=cartpole", "--num_actors=1", "--envs_per_actor=8",

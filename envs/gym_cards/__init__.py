@@ -1,7 +1,8 @@
 """The RL4VLM card and number tasks as Gymnasium envs with image observations.
 
 Registered as fleetrl/NumberLine-v0, fleetrl/EZPoints-v0, fleetrl/Points24-v0 and
-fleetrl/Blackjack-v0; rules as in the project's gym-cards reference.
+fleetrl/Blackjack-v0; rules as in RL4VLM (Zhai et al. 2024, "Fine-Tuning Large
+Vision-Language Models as Decision-Making Agents via Reinforcement Learning").
 """
 
 import gymnasium as gym
