@@ -49,11 +49,14 @@ class Agent(nn.Module):
         """Outputs for a batch of neck outputs ([N, ...]), for example policy_logits and baseline."""
         raise NotImplementedError
 
-    def unroll(self, observation: Observation, first: torch.Tensor, state: State) -> tuple[AgentOutput, State]:
+    def unroll(self, observation: Observation, first: torch.Tensor, state: State,
+               actions: dict[str, torch.Tensor] | None = None) -> tuple[AgentOutput, State]:
         """Runs T steps of B envs: observation tensors [T, B, ...], first [T, B] (bool).
 
         `state` is the state before step 0. Returns outputs shaped [T, B, ...] and the
-        state after the last step.
+        state after the last step. In training, `actions` are the actions the steps took
+        ([T, B, ...]): an agent whose outputs depend on them (one that scores generated
+        text) reads them; the others ignore them.
         """
         num_steps, batch = first.shape
         flat_obs = pytree.tree_map(lambda x: x.reshape(num_steps * batch, *x.shape[2:]), observation)
@@ -68,6 +71,16 @@ class Agent(nn.Module):
         neck_out = pytree.tree_map(lambda *xs: torch.cat(xs, dim=0), *neck_outs)
         head_out = self.head(neck_out)
         return {k: v.reshape(num_steps, batch, *v.shape[1:]) for k, v in head_out.items()}, state
+
+    def check_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        """Raises ValueError, saying why, if saved weights must not load into this agent for a
+        reason their names and shapes do not show (a VLM's adapters trained on another base
+        model, say). Checkpoint loading calls it first."""
+
+    def inference_metrics(self) -> dict[str, float]:
+        """Figures about inference since the last call, for TensorBoard (a generating agent's
+        tokens/s, say); the learner drains them with each summary write."""
+        return {}
 
     def step(self, observation: Observation, first: torch.Tensor, state: State) -> tuple[AgentOutput, State]:
         """One inference step of B envs: `unroll` with T=1."""

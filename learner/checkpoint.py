@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from fleetrl.agents.base import Agent
 from fleetrl.common.files import atomic_write
 
 # 2: one step counter, policy_version (format 1 also held an equal trainer_steps).
@@ -73,15 +74,28 @@ def check_fits(checkpoint: Mapping[str, Any], problem: str, model: torch.nn.Modu
     With `other_problem`, a checkpoint of another Problem loads if its weights fit."""
     if checkpoint["problem"] != problem and not other_problem:
         raise CheckpointError(f"{path} was written by problem {checkpoint['problem']!r}, not {problem!r}")
-    expected = model.state_dict()
     saved = checkpoint["model"]
+    if isinstance(model, Agent):
+        try:
+            model.check_weights(saved)
+        except ValueError as e:
+            raise CheckpointError(f"{path}: {e}") from None
+    expected = model.state_dict()
     missing, extra = expected.keys() - saved.keys(), saved.keys() - expected.keys()
     if missing or extra:
-        raise CheckpointError(f"{path} does not fit the agent: missing {sorted(missing)}, unexpected {sorted(extra)}")
+        raise CheckpointError(f"{path} does not fit the agent: missing {_some(missing)}, unexpected {_some(extra)} "
+                              f"(were the Problem's hparams the same?)")
     for name, tensor in expected.items():
         if tuple(saved[name].shape) != tuple(tensor.shape):
             raise CheckpointError(f"{path}: {name} has shape {list(saved[name].shape)} in the checkpoint and "
                                   f"{list(tensor.shape)} in the agent (were the Problem's hparams the same?)")
+
+
+def _some(names, shown: int = 4) -> str:
+    names = sorted(names)
+    if len(names) <= shown:
+        return str(names)
+    return f"{len(names)} names, such as {names[:shown]}"
 
 
 class CheckpointDir:

@@ -221,6 +221,7 @@ class Learner:
             "learner/dropped_partial_unrolls": self.store.dropped_partial_unrolls,
             "learner/rejected_messages": self.service.rejected_messages,
             "learner/policy_version": self.policy.version,
+            **self.agent.inference_metrics(),  # a generating agent's tokens/s, say
         }
 
     # ----- what the service and launchers read (server.RunControl) -----

@@ -38,6 +38,7 @@ class Trainer:
         self.algorithm = problem.algorithm()
         self.epochs = problem.config.epochs or self.algorithm.default_epochs
         self.minibatches = problem.config.minibatches or self.algorithm.default_minibatches
+        self.accumulation_steps = problem.config.accumulation_steps
         self.shuffle_generator = torch.Generator().manual_seed(seed)
         # In updates (one batch's epochs x minibatches optimizer steps): how much older the
         # policy that acted is than the one being trained, averaged over the batch's steps.
@@ -46,8 +47,9 @@ class Trainer:
     def update(self, batch: UnrollBatch) -> dict[str, float]:
         """All epochs and minibatches of one batch; returns the mean of their logs."""
         batch = batch.to(self.device)
-        if batch.batch_size % self.minibatches:
-            raise ValueError(f"batch_size {batch.batch_size} does not split into {self.minibatches} minibatches")
+        if batch.batch_size % (self.minibatches * self.accumulation_steps):
+            raise ValueError(f"batch_size {batch.batch_size} does not split into {self.minibatches} minibatches "
+                             f"of {self.accumulation_steps} microbatches")
         logs: dict[str, float] = {}
         with self.policy.lock if self.block_inference else contextlib.nullcontext():
             lag = self.policy.version - batch.policy_version[:-1].float().mean()
@@ -68,14 +70,22 @@ class Trainer:
         return logs
 
     def _step(self, minibatch: UnrollBatch, prepared: dict[str, torch.Tensor]) -> dict[str, float]:
-        loss, logs = self.algorithm.loss(self.problem, self.agent, minibatch, prepared)
+        """One optimizer step; with accumulation_steps > 1, its gradient is the mean of the
+        microbatches', each freed after its backward pass."""
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        parts = self.accumulation_steps
+        summaries: dict[str, float] = {}
+        for index in torch.arange(minibatch.batch_size, device=self.device).chunk(parts):
+            micro = minibatch if parts == 1 else minibatch.select(index)
+            micro_prepared = prepared if parts == 1 else {k: v[:, index] for k, v in prepared.items()}
+            loss, logs = self.algorithm.loss(self.problem, self.agent, micro, micro_prepared)
+            (loss / parts).backward()
+            for name, value in logs.items():
+                summaries[name] = summaries.get(name, 0.0) + float(value) / parts
         grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.problem.config.max_grad_norm)
         with self.policy.lock:  # the only write to the weights; the version counts these steps
             self.optimizer.step()
             self.policy.version += 1
-        summaries = {k: float(v) for k, v in logs.items()}
         summaries.update({"optim/grad_norm": float(grad_norm),
                           "optim/learning_rate": self.optimizer.param_groups[0]["lr"]})
         return summaries

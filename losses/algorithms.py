@@ -66,14 +66,15 @@ class Algorithm:
                 "teacher": torch.zeros_like(steps.valid) if forced is None else forced[:-1].float()}
 
     def loss(self, problem: TrainingProblem, agent: Agent, batch: UnrollBatch, prepared: Prepared) -> LossAndLogs:
-        outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state)
+        outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state, batch.action)
         valid, teacher = prepared["valid"], prepared["teacher"]
         loss, logs = self.rl_loss(problem, outputs, batch, {**prepared, "valid": valid * (1 - teacher)})
         if TEACHER_FORCING not in batch.extras:
             return loss, logs
         forced = valid * teacher
         if forced.any():
-            log_probs = per_step(batch.extras, problem.action_log_prob(outputs, batch.action), "chunk_level")[:-1]
+            log_probs = per_step(batch.extras, problem.teacher_forcing_log_prob(outputs, batch.action),
+                                 "chunk_level")[:-1]
             cross_entropy = -(log_probs * forced).sum() / forced.sum()
             loss = loss + problem.config.teacher_forcing_cost * cross_entropy
             logs["loss/teacher_forcing"] = cross_entropy.detach()

@@ -53,6 +53,9 @@ class LossConfig:
                                        "(V-trace and GRPO 1, PPO 4).")
     minibatches: int | None = setting(None, "Minibatches per epoch, split across whole unrolls (so recurrent "
                                             "agents keep them whole); none: the algorithm's default (1, PPO 4).")
+    accumulation_steps: int = setting(1, "Splits each minibatch into this many microbatches whose gradients add "
+                                         "up to one optimizer step: about the same update in less memory (each "
+                                         "microbatch averages its own loss and normalizes its own advantages).")
 
     def __post_init__(self):
         from fleetrl.losses.algorithms import ALGORITHMS  # registered algorithms, users' included
@@ -66,5 +69,5 @@ class LossConfig:
         for name in ("clip_eps_low", "clip_eps_high"):
             check_range(name, getattr(self, name), low=0)
         check_range("dual_clip", self.dual_clip, low=1, low_open=True)
-        for name in ("group_size", "epochs", "minibatches"):
+        for name in ("group_size", "epochs", "minibatches", "accumulation_steps"):
             check_range(name, getattr(self, name), low=1)

@@ -22,6 +22,11 @@ class TrainingProblem(Protocol):
         """[T, B] log-probs of `actions`; with action chunks, per token ([T, B, K] or [T, B, K, D])."""
         ...
 
+    def teacher_forcing_log_prob(self, agent_output: Mapping[str, torch.Tensor],
+                                 actions: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The log-probs that teacher forcing's cross-entropy maximizes, shaped as `action_log_prob`'s."""
+        ...
+
     def entropy(self, agent_output: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """The policy's entropy, in the shape of `action_log_prob`."""
         ...

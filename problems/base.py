@@ -225,6 +225,11 @@ class Problem:
         token, which the algorithm sums as `logprob_type` says (fleetrl.losses.chunks)."""
         return self.action_distribution(agent_output).log_prob(actions["action"])
 
+    def teacher_forcing_log_prob(self, agent_output: AgentOutput, actions: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """What teacher forcing's cross-entropy maximizes on the oracle's actions; the policy's
+        log-prob by default (a text policy counts every token of the oracle's answer fully)."""
+        return self.action_log_prob(agent_output, actions)
+
     def entropy(self, agent_output: AgentOutput) -> torch.Tensor:
         """The policy's entropy, in the shape of `action_log_prob`."""
         return self.action_distribution(agent_output).entropy()

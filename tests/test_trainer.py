@@ -70,3 +70,29 @@ def test_a_batch_size_that_minibatches_do_not_divide_is_refused_at_start(tmp_pat
                            logdir=str(tmp_path), bind="127.0.0.1:0")
     with pytest.raises(ValueError, match="batch_size 6 does not split into the Problem's 4 minibatches"):
         Learner(config)
+
+
+def test_accumulated_microbatches_make_the_same_step_as_the_whole_minibatch(unroll_batch):
+    """With every step valid and advantages normalized over the whole batch (V-trace does
+    not normalize), two microbatches of 4 unrolls add up to the gradient of all 8."""
+    results = []
+    for steps in (1, 2):
+        problem = load_problem("cartpole", {"accumulation_steps": str(steps)})
+        torch.manual_seed(0)
+        agent = problem.make_agent()
+        batch = unroll_batch(problem, agent)
+        trainer = Trainer(problem, agent, torch.optim.SGD(agent.parameters(), lr=0.1), PolicyVersion(),
+                          torch.device("cpu"))
+        trainer.update(batch)
+        results.append([p.detach().clone() for p in agent.parameters()])
+    for whole, accumulated in zip(*results):
+        torch.testing.assert_close(accumulated, whole, atol=1e-6, rtol=1e-5)
+
+
+def test_accumulation_steps_must_divide_the_minibatch(unroll_batch):
+    problem = load_problem("cartpole", {"accumulation_steps": "3"})
+    agent = problem.make_agent()
+    trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(),
+                      torch.device("cpu"))
+    with pytest.raises(ValueError, match="batch_size 8 does not split into 1 minibatches of 3 microbatches"):
+        trainer.update(unroll_batch(problem, agent))
