@@ -2,7 +2,9 @@
 
 Registered as gym_cards/numberline, gym_cards/ezpoints, gym_cards/points24 and
 gym_cards/blackjack. Metrics per episode: success (return > 0, as the RL4VLM paper
-counts it), with the return and length that every Problem reports.
+counts it), with the return and length that every Problem reports. With
+`teacher_forcing_fraction` > 0, that share of the episodes follows the task's solver
+(`envs/gym_cards/solvers.py`) and trains on its actions by cross-entropy.
 """
 
 from __future__ import annotations
@@ -15,7 +17,9 @@ import gymnasium as gym
 import numpy as np
 
 from fleetrl.agents import Agent, ConvLSTMAgent
+from fleetrl.common.settings import setting
 from fleetrl.envs.gym_cards import ENVS
+from fleetrl.envs.gym_cards.oracle import SolverOracle
 from fleetrl.problems.base import Problem, ProblemConfig
 from fleetrl.problems.defaults import LearnerDefaults
 
@@ -40,6 +44,8 @@ class GymCardsConfig(ProblemConfig):
     max_episode_steps: int = 300
     # Points24 only: deal only hands that can make 24.
     solvable_only: bool = False
+    solver_accuracy: float = setting(1.0, "With teacher_forcing_fraction > 0, the task's solver is the oracle; this "
+                                          "is the share of steps in which it names the right action.")
 
 
 @dataclasses.dataclass
@@ -64,7 +70,10 @@ class GymCardsProblem(Problem):
         kwargs: dict[str, Any] = {"image_size": self.config.image_size}
         if self.TASK == "Points24":
             kwargs["solvable_only"] = self.config.solvable_only
-        return EpisodeSuccess(gym.wrappers.TimeLimit(cls(**kwargs), self.config.max_episode_steps))
+        env: gym.Env = EpisodeSuccess(gym.wrappers.TimeLimit(cls(**kwargs), self.config.max_episode_steps))
+        if self.config.teacher_forcing_fraction > 0:  # the solver as the teacher
+            env = SolverOracle(env, self.config.solver_accuracy)
+        return env
 
     def make_agent(self) -> Agent:
         return ConvLSTMAgent(self.config.image_size, self.policy_logits_size(), tuple(self.config.conv_channels),

@@ -239,3 +239,79 @@ def test_numberline_is_learned_from_pixels_through_the_whole_system(tmp_path, lo
     metrics = json.loads((tmp_path / "eval-300" / "metrics.json").read_text())
     assert metrics["episodes"] == 300
     assert metrics["metrics"]["success"] >= 0.9, metrics
+
+
+# ----- the solvers: teacher forcing's oracles and the warm starts' demonstrations -----
+
+@pytest.mark.parametrize("env_id,kwargs", [("fleetrl/NumberLine-v0", {}), ("fleetrl/EZPoints-v0", {}),
+                                           ("fleetrl/Points24-v0", {"solvable_only": True})])
+def test_playing_the_solvers_text_answers_solves_every_deal(env_id, kwargs):
+    """Each answer is in the prompts' format and names a legal action; played through the
+    text parser, the answers solve every episode."""
+    from fleetrl.envs.gym_cards.solvers import solve
+    from fleetrl.envs.gym_cards.text_to_action import text_to_action
+
+    env = gym.make(env_id, image_size=16, **kwargs)
+    rng = np.random.default_rng(0)
+    for episode in range(20):
+        _, info = env.reset(seed=episode)
+        for _ in range(20):
+            answer = json.loads(solve(env.unwrapped).text())
+            assert set(answer) == {"thoughts", "action"} and answer["thoughts"]
+            parsed = text_to_action(solve(env.unwrapped).text(), list(info["legal_actions"]), rng)
+            assert not parsed.parse_failed, answer
+            _, reward, terminated, truncated, info = env.step(parsed.index)
+            if terminated or truncated:
+                break
+        assert terminated and reward > 0, (episode, answer)
+
+
+@pytest.mark.parametrize("player,dealer,action", [
+    ((10, 6), 10, "hit"), ((10, 6), 6, "stand"), ((10, 2), 3, "hit"), ((10, 2), 4, "stand"),
+    ((5, 6), 10, "hit"), ((10, 7), 1, "stand"), ((1, 7), 9, "hit"), ((1, 7), 7, "stand"), ((1, 6), 2, "hit"),
+    ((1, 8), 10, "stand"), ((10, 9, 1), 10, "stand"),
+])
+def test_the_blackjack_solver_plays_basic_strategy(player, dealer, action):
+    from fleetrl.envs.gym_cards.solvers import solve
+
+    env = gym.make("fleetrl/Blackjack-v0", image_size=16).unwrapped
+    env.reset(seed=0)
+    env.game.player, env.game.dealer = list(player), [dealer, 5]
+    answer = solve(env)
+    assert answer.action == action, answer.thoughts
+    assert f"shows {'an ace' if dealer == 1 else dealer}" in answer.thoughts
+
+
+def test_a_noisy_solver_names_the_right_action_as_often_as_asked():
+    from fleetrl.envs.gym_cards.oracle import SolverOracle
+    from fleetrl.envs.gym_cards.solvers import solve
+
+    env = SolverOracle(gym.make("fleetrl/NumberLine-v0", image_size=16), accuracy=0.6)
+    right = total = 0
+    obs, info = env.reset(seed=0)
+    for _ in range(2000):
+        best = solve(env.unwrapped)
+        text = bytes(obs["oracle_text"][:obs["oracle_text_length"]]).decode()
+        answer = json.loads(text)
+        assert answer["thoughts"] == best.thoughts  # the thoughts stay right; the action may not
+        assert info["legal_actions"][obs["oracle_action"]] == answer["action"]
+        right += answer["action"] == best.action
+        total += 1
+        obs, _, terminated, truncated, info = env.step(int(obs["oracle_action"]))
+        if terminated or truncated:
+            obs, info = env.reset()
+    assert abs(right / total - 0.6) < 0.04
+
+
+def test_the_solver_answers_in_the_last_state_of_a_formula_episode_too():
+    """An oracle observes the state after the episode's last step as well (the vector env
+    resets only after it): the solver must answer there, not fail."""
+    from fleetrl.envs.gym_cards.solvers import solve
+
+    env = gym.make("fleetrl/EZPoints-v0", image_size=16)
+    _, info = env.reset(seed=0)
+    terminated = False
+    while not terminated:
+        action = solve(env.unwrapped).action
+        _, _, terminated, _, info = env.step(list(info["legal_actions"]).index(action))
+    assert solve(env.unwrapped).action == "="
