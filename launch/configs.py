@@ -117,7 +117,8 @@ class EvaluateConfig:
                                "that renders, say) may play its weights.")
     allow_other_problem: bool = setting(False, "Let a --problem that is not the checkpoint's, nor a subclass of "
                                                "it, play its weights, if their shapes fit.")
-    hparams: str | None = setting(None, "The Problem's config overrides; default: the checkpoint's.")
+    hparams: str | None = setting(None, "Overrides of the Problem's config, on top of the checkpoint's (say "
+                                        "greedy_eval=false).")
     episodes: int = setting(0, "Episodes of the eval set to play; 0: the Problem's eval_episodes.")
     num_envs: int = setting(8, "Envs played at once.")
     output: str = setting("", "Where to write the metrics JSON and recordings; default: <checkpoint>-eval/.")
@@ -142,6 +143,9 @@ class ExportConfig:
 
     checkpoint: str = setting("", "A checkpoint file (ckpt-*.pt or best.pt).")
     output: str = setting("model.pt", "Where to write the weights.")
+    pretrained_dir: str = setting("", "Vision-language agents: also write the fine-tuned model to this folder, "
+                                  "LoRA adapters merged into the base weights, with its processor, as "
+                                  "`from_pretrained` loads it (and the value head as value_head.pt).")
 
     def __post_init__(self):
         if not self.checkpoint:

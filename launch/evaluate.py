@@ -103,7 +103,7 @@ def main(argv: list[str]) -> int:
         path = resolve_checkpoint(config.checkpoint)
         checkpoint = load_checkpoint(path, config.device)
         name = config.problem or checkpoint["problem"]
-        hparams = checkpoint["hparams"] if config.hparams is None else parse_hparams(config.hparams)
+        hparams = {**checkpoint["hparams"], **parse_hparams(config.hparams or "")}
         problem = load_problem(name, hparams)
         agent = problem.make_agent().to(config.device)
         check_fits(checkpoint, name, agent, path, other_problem=_compatible(name, checkpoint["problem"], config))

@@ -5,6 +5,9 @@ The file holds the agent's state_dict under "model" plus "problem", "hparams" an
 
     problem = load_problem(w["problem"], w["hparams"]); agent = problem.make_agent()
     agent.load_state_dict(w["model"])
+
+For a vision-language agent, `--pretrained_dir=DIR` also writes the fine-tuned model as a
+folder that `AutoModelForImageTextToText.from_pretrained(DIR)` loads, LoRA merged in.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from absl import logging
 from fleetrl.launch.configs import ExportConfig
 from fleetrl.launch.flags import define_flags, from_flags, run_main
 from fleetrl.learner.checkpoint import export_weights
+from fleetrl.problems.registry import load_problem
 
 define_flags(ExportConfig)
 
@@ -23,11 +27,24 @@ def main(argv: list[str]) -> int:
     try:
         config = from_flags(ExportConfig)
         exported = export_weights(config.checkpoint, config.output)
-    except ValueError as e:  # no --checkpoint, or not a readable checkpoint
+        if config.pretrained_dir:
+            export_pretrained(exported, config.pretrained_dir)
+    except ValueError as e:  # no --checkpoint, not a readable checkpoint, not a pretrained model
         logging.error("%s", e)
         return 2
     print(f"exported {exported['problem']} at policy version {exported['policy_version']:,} to {config.output}")
+    if config.pretrained_dir:
+        print(f"wrote the merged model to {config.pretrained_dir} (from_pretrained loads it)")
     return 0
+
+
+def export_pretrained(exported: dict, directory: str) -> None:
+    agent = load_problem(exported["problem"], exported["hparams"]).make_agent()
+    if not hasattr(agent, "export_pretrained"):
+        raise ValueError(f"--pretrained_dir: {exported['problem']}'s agent ({type(agent).__name__}) is not a "
+                         f"pretrained transformers model; the weights file is all there is to export")
+    agent.load_state_dict(exported["model"])
+    agent.export_pretrained(directory)
 
 
 def run() -> None:

@@ -115,12 +115,16 @@ def define_problem_flags(argv: Sequence[str]) -> None:
         config_cls = problem_class(name).Config
     except UnknownProblemError:
         return
+    hints = typing.get_type_hints(config_cls)
     for field in dataclasses.fields(config_cls):
         if field.name in flags.FLAGS:
             continue
         text = field_help(config_cls, field.name)
-        flags.DEFINE_string(field.name, None, f"{text + ' ' if text else ''}Problem hparam, default "
-                                              f"{builtin_of(field)!r}; the same as --hparams={field.name}=VALUE.")
+        text = (f"{text + ' ' if text else ''}Problem hparam, default {builtin_of(field)!r}; the same as "
+                f"--hparams={field.name}=VALUE.")
+        # Booleans as absl's, so that --flag and --noflag work; the rest as text the config parses.
+        define = flags.DEFINE_boolean if hints[field.name] is bool else flags.DEFINE_string
+        define(field.name, None, text)
         _listed_in_help(field.name)
         _problem_flags.append(field.name)
 
@@ -128,7 +132,7 @@ def define_problem_flags(argv: Sequence[str]) -> None:
 def problem_hparams_from_flags(hparams: Mapping[str, str]) -> dict[str, str]:
     """`hparams` with the Problem's own flags that the command line set (those win)."""
     given = {name: flags.FLAGS[name].value for name in _problem_flags if flags.FLAGS[name].present}
-    return {**hparams, **given}
+    return {**hparams, **{k: str(v).lower() if isinstance(v, bool) else v for k, v in given.items()}}
 
 
 def timestamped_logdir(problem: str) -> str:

@@ -67,7 +67,8 @@ class LearnerConfig:
     best_metric: str | None = problem_setting("return", "Eval episode metric whose best round's weights go to "
                                                         "checkpoints/best.pt.")
     best_mode: str | None = problem_setting("max", "max or min: which way best_metric is better.")
-    init_checkpoint: str = setting("", "Warm start: load only the weights of this checkpoint into a new run.")
+    init_checkpoint: str = setting("", "Warm start: load only the weights of this checkpoint (a file, or a run's "
+                                                   "logdir: its best.pt, else its latest) into a new run.")
 
     # Security (see fleetrl.learner.security).
     auth_token_file: str = setting("", "File holding the shared auth token (else $FLEETRL_AUTH_TOKEN); calls "

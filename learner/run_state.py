@@ -22,7 +22,14 @@ import time
 
 import torch
 
-from fleetrl.learner.checkpoint import CHECKPOINT_FORMAT, CheckpointDir, CheckpointError, check_fits, load_checkpoint
+from fleetrl.learner.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CheckpointDir,
+    CheckpointError,
+    check_fits,
+    load_checkpoint,
+    resolve_checkpoint,
+)
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.eval_rounds import EvalRounds
 from fleetrl.learner.inference import InferenceStep, PolicyVersion
@@ -95,10 +102,11 @@ class RunState:
         latest = self.checkpoints.latest()
         if latest is None:
             if self.config.init_checkpoint:
-                checkpoint = load_checkpoint(self.config.init_checkpoint, self.device)
-                check_fits(checkpoint, self.config.problem, self.agent, self.config.init_checkpoint)
+                path = resolve_checkpoint(self.config.init_checkpoint)
+                checkpoint = load_checkpoint(path, self.device)
+                check_fits(checkpoint, self.config.problem, self.agent, path)
                 self.agent.load_state_dict(checkpoint["model"])
-                log.info("warm start from the weights of %s", self.config.init_checkpoint)
+                log.info("warm start from the weights of %s", path)
             return None
         checkpoint = load_checkpoint(latest, self.device)
         check_fits(checkpoint, self.config.problem, self.agent, latest)

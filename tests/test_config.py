@@ -83,3 +83,23 @@ def test_python_and_the_command_line_build_the_same_learner(tmp_path, repo_root)
 def test_each_config_refuses_bad_values_by_name(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+def test_a_problems_boolean_fields_are_boolean_flags(tmp_path, repo_root):
+    """`--observation_text` and `--nonormalize_advantages`, as absl booleans, reach the
+    Problem's config as true and false."""
+    process = subprocess.Popen([sys.executable, "-m", "fleetrl.launch.learner", "--problem=gym_cards/numberline",
+                                "--nonormalize_advantages", "--solvable_only", f"--logdir={tmp_path}",
+                                "--bind=127.0.0.1:0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=repo_root)
+    try:
+        written = tmp_path / "config.json"
+        deadline = time.monotonic() + 120
+        while not written.exists():
+            assert process.poll() is None and time.monotonic() < deadline, process.communicate()[0]
+            time.sleep(0.1)
+        problem = json.loads(written.read_text())["problem"]["config"]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.communicate(timeout=60)
+    assert problem["normalize_advantages"] is False and problem["solvable_only"] is True

@@ -176,3 +176,17 @@ def test_a_run_is_evaluated_from_its_logdir_and_a_subclass_may_draw_it(tmp_path,
         [sys.executable, "-m", "fleetrl.launch.evaluate", f"--checkpoint={checkpoint}", "--problem=grid_nav",
          "--hparams=", "--episodes=1"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "was written by problem 'cartpole', not 'grid_nav'" in result.stderr
+
+
+def test_standalone_evaluation_sets_hparams_over_the_checkpoints_own(tmp_path):
+    """--hparams changes what it names and keeps the rest of the run's config (a VLM run's
+    --greedy_eval=false, say, over its model settings)."""
+    checkpoint = checkpoint_of_an_untrained(tmp_path, "cartpole", discount="0.9", max_episode_steps="40")
+    result = subprocess.run(
+        [sys.executable, "-m", "fleetrl.launch.evaluate", f"--checkpoint={checkpoint}", "--episodes=2",
+         "--hparams=max_episode_steps=5", f"--output={tmp_path / 'eval'}"],
+        capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    report = json.loads((tmp_path / "eval" / "metrics.json").read_text())
+    assert report["hparams"]["discount"] == "0.9" and report["hparams"]["max_episode_steps"] == "5"
+    assert max(episode["length"] for episode in report["per_episode"]) <= 5
