@@ -18,7 +18,7 @@ $(PY):
 # keeps pip from resolving torch itself later (a several-GB CUDA build).
 $(STAMP): $(PY) pyproject.toml
 	$(PY) -m pip install --quiet torch==2.13.0
-	$(PY) -m pip install --quiet -e '.[dev,video,ray]'
+	$(PY) -m pip install --quiet -e '.[dev,video,ray,vlm]'
 	touch $(STAMP)
 
 # Real LIBERO into the same .venv (see pyproject's `libero` extra for why libero itself

@@ -22,6 +22,10 @@ BUILTIN: dict[str, str] = {
     "gym_cards/ezpoints": "fleetrl.problems.gym_cards:EZPointsProblem",
     "gym_cards/points24": "fleetrl.problems.gym_cards:Points24Problem",
     "gym_cards/blackjack": "fleetrl.problems.gym_cards:BlackjackProblem",
+    "gym_cards/numberline_vlm": "fleetrl.problems.gym_cards_vlm:NumberLineVLMProblem",
+    "gym_cards/ezpoints_vlm": "fleetrl.problems.gym_cards_vlm:EZPointsVLMProblem",
+    "gym_cards/points24_vlm": "fleetrl.problems.gym_cards_vlm:Points24VLMProblem",
+    "gym_cards/blackjack_vlm": "fleetrl.problems.gym_cards_vlm:BlackjackVLMProblem",
     "r2r": "fleetrl.problems.r2r:R2RProblem",
     "libero": "fleetrl.problems.libero:LiberoProblem",
 }

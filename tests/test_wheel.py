@@ -81,7 +81,10 @@ def test_every_module_imports_or_names_its_extra(installed):
     assert all("pip install 'fleetrl[ray]'" in message for message in extras.values())
 
 
-@pytest.mark.parametrize("problem", sorted(set(registered_names()) - {"libero"}))
+WITH_EXTRAS = {"libero"} | {name for name in registered_names() if name.endswith("_vlm")}
+
+
+@pytest.mark.parametrize("problem", sorted(set(registered_names()) - WITH_EXTRAS))
 def test_every_builtin_problem_runs_from_the_wheel(installed, problem):
     bin_dir, outside = installed
     logdir = outside / "runs" / problem.replace("/", "_")
@@ -96,13 +99,15 @@ def test_every_builtin_problem_runs_from_the_wheel(installed, problem):
     assert summary["env_steps"] >= 200 and summary["trainer_steps"] >= 1, summary
 
 
-def test_libero_without_its_extra_fails_with_one_clear_message(installed):
+@pytest.mark.parametrize("problem,extra", [("libero", "libero"), ("gym_cards/numberline_vlm", "vlm")])
+def test_a_problem_without_its_extra_fails_with_one_clear_message(installed, problem, extra):
     bin_dir, outside = installed
-    result = subprocess.run([str(bin_dir / "fleetrl-local"), "--problem=libero", f"--logdir={outside / 'run-libero'}",
-                             "--num_actors=1"], capture_output=True, text=True, cwd=outside, timeout=600)
+    result = subprocess.run([str(bin_dir / "fleetrl-local"), f"--problem={problem}",
+                             f"--logdir={outside / ('run-' + extra)}", "--num_actors=1"],
+                            capture_output=True, text=True, cwd=outside, timeout=600)
     output = result.stdout + result.stderr
     assert result.returncode != 0
-    assert "needs the 'libero' extra: pip install 'fleetrl[libero]'" in output, output
+    assert f"needs the '{extra}' extra: pip install 'fleetrl[{extra}]'" in output, output
     assert "Traceback" not in output
 
 
