@@ -118,7 +118,7 @@ class EvaluateConfig:
     allow_other_problem: bool = setting(False, "Let a --problem that is not the checkpoint's, nor a subclass of "
                                                "it, play its weights, if their shapes fit.")
     hparams: str | None = setting(None, "Overrides of the Problem's config, on top of the checkpoint's (say "
-                                        "greedy_eval=false).")
+                                        "greedy_eval=false); with a --problem of another family, the whole config.")
     episodes: int = setting(0, "Episodes of the eval set to play; 0: the Problem's eval_episodes.")
     num_envs: int = setting(8, "Envs played at once.")
     output: str = setting("", "Where to write the metrics JSON and recordings; default: <checkpoint>-eval/.")

@@ -103,7 +103,9 @@ def main(argv: list[str]) -> int:
         path = resolve_checkpoint(config.checkpoint)
         checkpoint = load_checkpoint(path, config.device)
         name = config.problem or checkpoint["problem"]
-        hparams = {**checkpoint["hparams"], **parse_hparams(config.hparams or "")}
+        # The run's own config, with --hparams over it; another Problem's config does not apply.
+        own = name == checkpoint["problem"] or issubclass(problem_class(name), problem_class(checkpoint["problem"]))
+        hparams = {**(checkpoint["hparams"] if own else {}), **parse_hparams(config.hparams or "")}
         problem = load_problem(name, hparams)
         agent = problem.make_agent().to(config.device)
         check_fits(checkpoint, name, agent, path, other_problem=_compatible(name, checkpoint["problem"], config))

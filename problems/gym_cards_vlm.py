@@ -112,7 +112,16 @@ class EZPointsVLMProblem(GymCardsVLMProblem):
     PROMPT = EZPOINTS
 
 
+@dataclasses.dataclass
+class Points24VLMConfig(GymCardsVLMConfig):
+    # The solver's answers take up to about 60 tokens of the tiny model's tokenizer (a
+    # four-card formula in the thoughts): room for them, and for a real model's longer ones.
+    max_new_tokens: int = 128
+    max_text_bytes: int = 384
+
+
 class Points24VLMProblem(GymCardsVLMProblem):
+    Config = Points24VLMConfig
     name = "gym_cards/points24_vlm"
     TASK = "Points24"
     PROMPT = POINTS24
