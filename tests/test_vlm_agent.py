@@ -278,3 +278,26 @@ def test_export_of_an_agent_that_is_no_pretrained_model_says_so(tmp_path, python
                             capture_output=True, text=True)
     assert result.returncode == 2
     assert "cartpole's agent" in result.stderr and "is not a pretrained transformers model" in result.stderr
+
+
+def test_teacher_forced_episodes_play_the_solvers_answer_and_train_on_it():
+    problem = numberline(teacher_forcing_fraction=0.5, lora_rank=4)
+    agent = problem.make_agent()
+    _, obs = observations(problem, 4)
+    batch = stack(obs)
+    forced = torch.tensor([True, False, True, False])
+    with torch.no_grad():
+        out, _ = agent.step(batch, torch.zeros(4, dtype=torch.bool), ())
+    actions = problem.select_actor_action(out, batch, {"teacher_forcing": forced})
+    for i in range(4):
+        played = decode_text(actions["text"][i].numpy(), int(actions["text_length"][i]))
+        oracle = decode_text(obs[i]["oracle_text"], obs[i]["oracle_text_length"])
+        generated = decode_text(out["text"][i].numpy(), int(out["text_length"][i]))
+        assert played == (oracle if forced[i] else generated)
+    # The loss's teacher forcing maximizes every token of the solver's answer.
+    steps = {k: v.unsqueeze(0) for k, v in actions.items()}
+    scored, _ = agent.unroll({k: v.unsqueeze(0) for k, v in batch.items()}, torch.zeros(1, 4, dtype=torch.bool), (),
+                             steps)
+    log_prob = problem.teacher_forcing_log_prob(scored, steps)[0]
+    (-log_prob[forced].sum()).backward()
+    assert all(p.grad is not None for n, p in agent.named_parameters() if "lora_B" in n)
