@@ -36,6 +36,8 @@ class LearnerConfig:
     inference_timeout_ms: float = setting(5.0, "...or this long after its first request arrived.")
     unroll_queue_size: int | None = problem_setting(64, "Finished unrolls waiting for the trainer; when full, "
                                                         "inference waits (bounds memory and policy lag).")
+    train: bool = setting(True, "Train on the unrolls; false: serve the policy as it is, assembling unrolls and "
+                                "dropping them (capacity benchmarks, or collecting with a fixed policy).")
     total_env_steps: int = setting(0, "Stop after this many env steps (transitions); 0: no limit.")
     target_mean_return: float | None = setting(None, "Stop once the mean return of the last return_window "
                                                      "episodes reaches this.")

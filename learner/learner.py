@@ -143,6 +143,8 @@ class Learner:
                 if batch is None:
                     break
                 waited = time.monotonic() - started
+                if not self.config.train:
+                    continue
                 self.scalars.add_all(self.trainer.update(batch))
                 self.scalars.add("learner/trainer_idle_fraction", waited / max(time.monotonic() - started, 1e-9))
                 self.run_state.save_if_due()
