@@ -69,7 +69,10 @@ def step_messages(problem_name: str, num_envs: int, episode_length: int) -> tupl
     pool, (obs, info) = [], env.reset(seed=0)
     for _ in range(64):
         pool.append(obs if isinstance(obs, dict) else {names[0]: obs})
-        obs, _, terminated, truncated, info = env.step(env.action_space.sample())
+        try:
+            obs, _, terminated, truncated, info = env.step(env.action_space.sample())
+        except ValueError:  # not legal in this state (R2R's slots): action 0 always is
+            obs, _, terminated, truncated, info = env.step(0)
         if terminated or truncated:
             obs, info = env.reset()
     env.close()
