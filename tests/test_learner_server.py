@@ -72,6 +72,7 @@ BAD_STEPS = {
     "infinite observation": (lambda w: w.cartpole_step(obs=np.array([[0, 0, 0, 0], [0, np.inf, 0, 0]], np.float32)),
                              "observation 'observation': env 1 has a NaN or infinite value"),
     "unknown env": (lambda w: w.cartpole_step(env_indices=[0, 7]), "env index 7 is unknown"),
+    "repeated env": (lambda w: w.cartpole_step(env_indices=[1, 1]), "env_indices repeats an env"),
     "repeated handshake": (lambda w: w.handshake(actor_id="b"), "handshake repeated"),
     "empty message": (lambda w: pb.ActorMessage(), "an empty ActorMessage"),
     "undeclared extra": (lambda w: w.cartpole_step(extras={"action_rewards": np.ones((2, 3), np.float32)}),
