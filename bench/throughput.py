@@ -25,6 +25,7 @@ import numpy as np
 import torch
 from absl import app, flags
 
+from fleetrl.actor.extras import vector_extras
 from fleetrl.envs.vector import make_vector_env
 from fleetrl.learner.env_state_store import build_state_store
 from fleetrl.learner.inference import InferenceStep, PolicyVersion, StepRequest
@@ -90,7 +91,8 @@ def in_process() -> tuple[float, int]:
     unrolls: list = []
     inference = InferenceStep(problem, agent, policy, store, lambda u: unrolls.append(u) or True, torch.device("cpu"))
     envs = make_vector_env(problem.make_actor_env, num_envs)
-    obs, _ = envs.reset(seed=list(range(num_envs)))
+    obs, info = envs.reset(seed=list(range(num_envs)))
+    action_specs, extra_specs = problem.action_specs(), problem.extra_specs()
     slots, run_ids = store.allocate(num_envs), np.arange(1, num_envs + 1, dtype=np.uint64)
     reward, terminated, truncated = np.zeros(num_envs, np.float32), np.zeros(num_envs, bool), np.zeros(num_envs, bool)
     measure_from = time.monotonic() + FLAGS.warmup_s
@@ -101,10 +103,14 @@ def in_process() -> tuple[float, int]:
             steps0, t0 = inference.env_steps, now
         if steps0 is not None and now - t0 >= FLAGS.measure_s:
             return (inference.env_steps - steps0) / (now - t0), policy.version
-        (actions,) = inference([StepRequest(slots=slots, run_ids=run_ids, observation={"observation": obs}, extras={},
+        # As the actor does: a Dict observation space gives a dict of arrays, any other one array.
+        observation = obs if isinstance(obs, dict) else {"observation": obs}
+        (actions,) = inference([StepRequest(slots=slots, run_ids=run_ids, observation=observation,
+                                            extras=vector_extras(info, extra_specs, num_envs),
                                             reward=reward.astype(np.float32), terminated=terminated,
                                             truncated=truncated)])
-        obs, reward, terminated, truncated, _ = envs.step(actions["action"])
+        obs, reward, terminated, truncated, info = envs.step(
+            actions[action_specs[0].name] if len(action_specs) == 1 else actions)
         while len(unrolls) >= FLAGS.batch_size:
             trainer.update(UnrollBatch.collate(unrolls[:FLAGS.batch_size]))
             del unrolls[:FLAGS.batch_size]
