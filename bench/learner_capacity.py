@@ -181,9 +181,9 @@ def cell(problem: str, streams: int, num_envs: int, training: bool) -> dict[str,
             for c in clients:
                 c.start()
             time.sleep(max(0.0, start_at - time.monotonic()))
-            cpu0, steps0, batches0 = cpu_seconds(learner.pid), status(address), time.monotonic()
+            cpu0, steps0, t0 = cpu_seconds(learner.pid), status(address), time.monotonic()
             time.sleep(max(0.0, stop_at - time.monotonic()))
-            cpu1, steps1, batches1 = cpu_seconds(learner.pid), status(address), time.monotonic()
+            cpu1, steps1, t1 = cpu_seconds(learner.pid), status(address), time.monotonic()
             gathered = [out.get(timeout=120) for _ in clients]
             for c in clients:
                 c.join(timeout=30)
@@ -193,12 +193,12 @@ def cell(problem: str, streams: int, num_envs: int, training: bool) -> dict[str,
                 learner.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 learner.kill()
-    seconds = batches1 - batches0
+    seconds = t1 - t0
     messages = sum(m for m, _ in gathered)
     rtts = np.array([r for _, rtt in gathered for r in rtt]) * 1000
     env_steps = (steps1.env_steps - steps0.env_steps) / seconds
     cpu = cpu1 - cpu0
-    return {"env_steps_per_s": env_steps, "messages_per_s": messages / FLAGS.measure_s,
+    return {"env_steps_per_s": env_steps, "messages_per_s": messages / seconds,
             "batch": steps1.mean_inference_batch_size, "fill": steps1.mean_inference_batch_size / (streams * num_envs),
             "p50_ms": float(np.percentile(rtts, 50)) if len(rtts) else float("nan"),
             "p99_ms": float(np.percentile(rtts, 99)) if len(rtts) else float("nan"),
