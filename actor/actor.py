@@ -12,6 +12,7 @@ for up to `max_reconnect_s`. A rejection (bad handshake, bad message) is final.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue
@@ -25,9 +26,8 @@ import numpy as np
 
 from fleetrl.actor.channel import learner_channel
 from fleetrl.actor.config import ActorConfig
-from fleetrl.actor.episode_tracker import EpisodeTracker
+from fleetrl.actor.env_groups import EnvGroup, group_bounds, make_env_groups, step_message
 from fleetrl.actor.eval_episodes import EvalEpisodes, Pending
-from fleetrl.actor.extras import vector_extras
 from fleetrl.envs.vector import make_vector_env
 from fleetrl.problems.base import Problem
 from fleetrl.problems.registry import load_problem
@@ -79,12 +79,24 @@ class Actor:
             return
         n = self.config.num_envs
         asynchronous = self.config.async_envs or (problem.envs_in_subprocesses and n > 1)
-        envs = make_vector_env(problem.make_actor_env, n, asynchronous, problem.config.group_size, self.config.seed)
-        log.info("stepping %d envs %s", n, "in subprocesses" if asynchronous else "in this process")
+        log.info("stepping %d envs %s in %d group(s)", n, "in subprocesses" if asynchronous else "in this process",
+                 self.config.env_groups)
+
+        def vector_env(size: int, first_env: int):
+            return make_vector_env(problem.make_actor_env, size, asynchronous, problem.config.group_size,
+                                   self.config.seed, first_env=first_env)
+
+        # Fresh per process, so a restarted actor never continues an old trajectory.
         try:
-            self._act(problem_name, problem, envs, max_steps)
+            group_bounds(n, self.config.env_groups, problem.config.group_size)
+        except ValueError as e:
+            raise ActorError(str(e)) from None
+        groups = make_env_groups(problem, vector_env, n, self.config.env_groups, new_run_ids(n), self.config.seed)
+        try:
+            self._act(problem_name, problem, groups, max_steps)
         finally:
-            envs.close()
+            for group in groups:
+                group.envs.close()
             self._channel.close()
 
     def _handshake(self, problem_name: str, problem: Problem, mode: int) -> pb.Handshake:
@@ -103,35 +115,34 @@ class Actor:
         log.info("learner serves problem %s with hparams %s", info.problem, dict(info.hparams))
         return info.problem, load_problem(info.problem, {**dict(info.hparams), **self.config.hparams})
 
-    def _act(self, problem_name: str, problem: Problem, envs, max_steps: int | None) -> None:
-        n = self.config.num_envs
-        seeds = np.random.SeedSequence(self.config.seed).generate_state(n)
-        obs, info = envs.reset(seed=[int(s) for s in seeds])
-        # Fresh per process, so a restarted actor never continues an old trajectory.
-        run_ids = new_run_ids(n)
-        tracker = EpisodeTracker(n, problem)
-        action_specs, extra_specs = problem.action_specs(), problem.extra_specs()
+    def _act(self, problem_name: str, problem: Problem, groups: list[EnvGroup], max_steps: int | None) -> None:
+        """Each group's step goes out; each reply (they come in the order sent) steps its
+        group, whose next step goes out at once. With one group this is send, wait, step."""
+        action_specs = problem.action_specs()
         handshake = self._handshake(problem_name, problem, pb.TRAIN)
-        step = _step_message(obs, np.zeros(n, np.float32), np.zeros(n, bool), np.zeros(n, bool), run_ids, [],
-                             vector_extras(info, extra_specs, n))
 
         def play(requests: queue.SimpleQueue, responses) -> bool:
-            nonlocal step
             log.info("connected to %s as %s", self.config.learner_address, self.actor_id)
-            while max_steps is None or self.steps_sent < max_steps:
-                requests.put(pb.ActorMessage(step=step))
+            waiting: collections.deque[EnvGroup] = collections.deque()  # groups whose step is unanswered
+
+            def send(group: EnvGroup) -> None:
+                if max_steps is None or self.steps_sent + len(waiting) < max_steps:
+                    requests.put(pb.ActorMessage(step=group.step))
+                    waiting.append(group)
+
+            for group in groups:  # after a reconnect, the steps left unanswered go again
+                send(group)
+            while waiting:
                 reply = next(responses, None)
                 if reply is None or reply.WhichOneof("kind") == "finished":
                     reason = reply.finished.reason if reply is not None else "stream closed"
                     log.info("the learner ended the run: %s", reason)
                     return True
+                group = waiting.popleft()
                 self.steps_sent += 1
-                actions = decode_all(reply.actions.actions, action_specs, n, "action")
-                env_actions = actions[action_specs[0].name] if len(action_specs) == 1 else actions
-                obs, reward, terminated, truncated, info = envs.step(env_actions)
-                episodes = tracker.update(reward, terminated, truncated, info)
-                step = _step_message(obs, reward, terminated, truncated, run_ids, episodes,
-                                     vector_extras(info, extra_specs, n))
+                actions = decode_all(reply.actions.actions, action_specs, group.size, "action")
+                group.act(actions[action_specs[0].name] if len(action_specs) == 1 else actions)
+                send(group)
             return True
 
         self._with_retries(lambda: self._stream(handshake, play))
@@ -220,21 +231,10 @@ def _drain(requests: queue.SimpleQueue) -> Iterator[pb.ActorMessage]:
 
 def _eval_step_message(pending: Pending, run_ids: np.ndarray) -> pb.Step:
     indices = pending.env_indices
-    step = _step_message(pending.observation, pending.reward, pending.terminated, pending.truncated, run_ids[indices],
-                         [], pending.extras)
-    del step.env_indices[:]
-    step.env_indices.extend(indices.tolist())
+    step = step_message(pending.observation, pending.reward, pending.terminated, pending.truncated, run_ids[indices],
+                        [], pending.extras, indices.tolist())
     step.finished_episodes.extend(pb.EpisodeStats(env_index=e.env_index, metrics=e.metrics, eval_episode=e.episode,
                                                   images=encode_all(e.images))
                                   for e in pending.finished)
     return step
 
-
-def _step_message(obs, reward, terminated, truncated, run_ids, episodes, extras: dict[str, np.ndarray]) -> pb.Step:
-    n = len(run_ids)
-    observations = obs if isinstance(obs, dict) else {"observation": obs}
-    return pb.Step(
-        env_indices=range(n), run_ids=run_ids.tolist(), observations=encode_all(observations),
-        rewards=np.asarray(reward, np.float32).tolist(), terminated=np.asarray(terminated, bool).tolist(),
-        truncated=np.asarray(truncated, bool).tolist(), finished_episodes=episodes, extras=encode_all(extras),
-    )

@@ -26,6 +26,9 @@ class ActorConfig:
     actor_id: str = setting("", "Unique id of this actor among the connected ones; default hostname:pid.")
     seed: int = setting(0, "Random seed of the envs' first resets.")
     async_envs: bool = setting(False, "Step envs in subprocesses; worth it only for heavy simulators.")
+    env_groups: int = setting(1, "Split the envs into this many groups that take turns: while one group's step "
+                                 "waits for its actions, the next group steps (2: double buffering). Each group "
+                                 "is a whole number of GRPO groups.")
     max_reconnect_s: float = setting(60.0, "Give up (exit non-zero) after this long without reaching the learner.")
     max_message_mb: int = setting(64, "Largest message sent or received, in MiB.")
     # Security: the shared token; TLS when tls_ca is set, mutual TLS with tls_cert and tls_key.
@@ -38,5 +41,6 @@ class ActorConfig:
     def __post_init__(self):
         check_choice("actor mode", self.mode, MODES)
         check_range("num_envs", self.num_envs, low=1)
+        check_range("env_groups", self.env_groups, low=1, high=self.num_envs)
         check_range("max_reconnect_s", self.max_reconnect_s, low=0)
         check_range("max_message_mb", self.max_message_mb, low=1)

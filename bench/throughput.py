@@ -49,14 +49,16 @@ def define_flags() -> None:
     flags.DEFINE_float("measure_s", 30.0, "Seconds measured.")
 
 
-def full_system() -> tuple[float, float, int]:
-    """(env steps/s, mean inference batch size, trainer steps) of launch.local."""
+def full_system(problem: str, num_actors: int, envs_per_actor: int, unroll_length: int, batch_size: int,
+                warmup_s: float, measure_s: float, *launch_flags: str) -> tuple[float, float, int]:
+    """(env steps/s, mean inference batch size, trainer steps) of launch.local, with
+    `launch_flags` added to its command line."""
     with tempfile.TemporaryDirectory() as logdir:
         launcher = subprocess.Popen(
-            [sys.executable, "-m", "fleetrl.launch.local", f"--problem={FLAGS.problem}", f"--logdir={logdir}",
-             f"--num_actors={FLAGS.num_actors}", f"--envs_per_actor={FLAGS.envs_per_actor}",
-             f"--unroll_length={FLAGS.unroll_length}", f"--batch_size={FLAGS.batch_size}",
-             f"--inference_batch_size={FLAGS.num_actors * FLAGS.envs_per_actor}", "--progress_interval_s=5"],
+            [sys.executable, "-m", "fleetrl.launch.local", f"--problem={problem}", f"--logdir={logdir}",
+             f"--num_actors={num_actors}", f"--envs_per_actor={envs_per_actor}",
+             f"--unroll_length={unroll_length}", f"--batch_size={batch_size}",
+             f"--inference_batch_size={num_actors * envs_per_actor}", "--progress_interval_s=5", *launch_flags],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             address_file = os.path.join(logdir, "learner_address")
@@ -67,11 +69,11 @@ def full_system() -> tuple[float, float, int]:
             with open(address_file) as f, grpc.insecure_channel(f.read().strip()) as channel:
                 stub = pb_grpc.LearnerStub(channel)
                 status = lambda: stub.GetStatus(pb.StatusRequest(), timeout=5)  # noqa: E731
-                while status().connected_actors < FLAGS.num_actors or status().env_steps == 0:
+                while status().connected_actors < num_actors or status().env_steps == 0:
                     time.sleep(0.2)
-                time.sleep(FLAGS.warmup_s)
+                time.sleep(warmup_s)
                 start, t0 = status(), time.monotonic()
-                time.sleep(FLAGS.measure_s)
+                time.sleep(measure_s)
                 end, t1 = status(), time.monotonic()
             return (end.env_steps - start.env_steps) / (t1 - t0), end.mean_inference_batch_size, end.trainer_steps
         finally:
@@ -121,7 +123,8 @@ def main(argv: list[str]) -> None:
     print(f"fleetrl throughput: {FLAGS.problem}, {FLAGS.num_actors} actors x {FLAGS.envs_per_actor} envs, "
           f"T={FLAGS.unroll_length}, B={FLAGS.batch_size}, {os.cpu_count()} CPUs, training on; "
           f"{FLAGS.warmup_s:g}s warm-up, {FLAGS.measure_s:g}s measured each", flush=True)
-    full, batch, full_train = full_system()
+    full, batch, full_train = full_system(FLAGS.problem, FLAGS.num_actors, FLAGS.envs_per_actor,
+                                          FLAGS.unroll_length, FLAGS.batch_size, FLAGS.warmup_s, FLAGS.measure_s)
     print(f"  full system (learner + {FLAGS.num_actors} actor processes, gRPC): {full:9,.0f} env steps/s "
           f"(mean inference batch {batch:.1f} envs, {full_train} trainer steps)", flush=True)
     alone, alone_train = in_process()

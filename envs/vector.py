@@ -46,14 +46,20 @@ AUTORESET_MODES = {"next_step": gym.vector.AutoresetMode.NEXT_STEP,
 
 
 def make_vector_env(make_env: Callable[[], gym.Env], num_envs: int, asynchronous: bool = False,
-                    group_size: int = 1, seed: int = 0, autoreset_mode: str = "next_step") -> gym.vector.VectorEnv:
-    """`asynchronous` runs each env in its own (spawned) process: worth it for heavy simulators only."""
+                    group_size: int = 1, seed: int = 0, autoreset_mode: str = "next_step",
+                    first_env: int = 0) -> gym.vector.VectorEnv:
+    """`asynchronous` runs each env in its own (spawned) process: worth it for heavy simulators only.
+    `first_env`: these are envs [first_env, first_env + num_envs) of an actor's larger set (one
+    of its env groups), and GRPO groups get the reset seeds they would get in the whole set."""
     if autoreset_mode not in AUTORESET_MODES:
         raise ValueError(f"unknown autoreset_mode {autoreset_mode!r}; choose from {sorted(AUTORESET_MODES)}")
     if group_size > 1:
         if num_envs % group_size:
             raise ValueError(f"num_envs {num_envs} is not a multiple of group_size {group_size}")
-        group_seeds = np.random.SeedSequence([seed, 1]).generate_state(num_envs // group_size)
+        if first_env % group_size:
+            raise ValueError(f"first_env {first_env} is not a multiple of group_size {group_size}")
+        group_seeds = np.random.SeedSequence([seed, 1]).generate_state((first_env + num_envs) // group_size)
+        group_seeds = group_seeds[first_env // group_size:]
         fns = [functools.partial(_grouped, make_env, int(group_seeds[i // group_size])) for i in range(num_envs)]
     else:
         fns = [make_env] * num_envs

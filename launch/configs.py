@@ -24,6 +24,8 @@ class FleetConfig:
     num_actors: int | None = problem_setting(2, "Actor processes to start.")
     envs_per_actor: int | None = problem_setting(32, "Envs each actor steps.")
     async_envs: bool = setting(False, "Actors step their envs in subprocesses (for heavy simulators).")
+    env_groups: int = setting(1, "Each actor's envs in this many groups that take turns, so that stepping one "
+                                 "overlaps the other's round trip to the learner (2: double buffering).")
     num_eval_actors: int = setting(0, "Eval actor processes: they play the Problem's eval set each eval round "
                                       "and feed eval/ summaries and checkpoints/best.pt.")
     eval_envs_per_actor: int | None = problem_setting(8, "Envs each eval actor plays at once.")
@@ -36,6 +38,7 @@ class FleetConfig:
         check_range("num_eval_actors", self.num_eval_actors, low=0)
         for name in ("envs_per_actor", "eval_envs_per_actor"):
             check_range(name, getattr(self, name), low=1)
+        check_range("env_groups", self.env_groups, low=1, high=self.envs_per_actor)
 
     def actor_configs(self, learner: LearnerConfig, learner_address: str, id_prefix: str | None = None,
                       **security: str) -> list[tuple[str, ActorConfig]]:
@@ -47,7 +50,7 @@ class FleetConfig:
                                      max_reconnect_s=self.max_reconnect_s, **security, **fields)
 
         return [actor(f"actor-{i}", num_envs=self.envs_per_actor, seed=learner.seed * 1000 + i,
-                      async_envs=self.async_envs) for i in range(self.num_actors)] + \
+                      async_envs=self.async_envs, env_groups=self.env_groups) for i in range(self.num_actors)] + \
                [actor(f"eval-actor-{i}", num_envs=self.eval_envs_per_actor, mode="eval")
                 for i in range(self.num_eval_actors)]
 

@@ -56,6 +56,9 @@ class LearnerConfig:
     max_message_mb: int = setting(64, "Largest message accepted, in MiB; a larger one is refused with "
                                       "INVALID_ARGUMENT (up to the transport's hard cap of 4x this).")
     device: str = setting("cpu", "Torch device of the model: cpu, cuda, cuda:1, ...")
+    inference_transfer: str = setting("auto", "How inference batches reach the device and come back: staged (one "
+                                              "pinned buffer and one copy each way), plain (tensor by tensor), or "
+                                              "auto (staged on a GPU, plain on CPU, where plain copies nothing).")
     seed: int = setting(0, "Random seed.")
 
     eval_interval_s: float | None = problem_setting(30.0, "Eval rounds (eval actors play the Problem's eval set "
@@ -95,3 +98,4 @@ class LearnerConfig:
         for name in ("summary_interval_s", "handshake_timeout_s"):
             check_range(name, getattr(self, name), low=0, low_open=True)
         check_choice("best_mode", self.best_mode, ("max", "min"))
+        check_choice("inference_transfer", self.inference_transfer, ("auto", "plain", "staged"))

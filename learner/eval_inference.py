@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from fleetrl.agents.base import Agent
+from fleetrl.learner.device_transfer import DeviceTransfer
 from fleetrl.learner.env_state_store import EnvStateStore
 from fleetrl.learner.inference import StepRequest, split_rows
-from fleetrl.learner.tensor_tree import tree_to
 from fleetrl.problems.base import Problem
 
 
@@ -31,13 +31,12 @@ class EvalRequest:
 
 
 class EvalInference:
-    def __init__(self, problem: Problem, store: EnvStateStore, device: torch.device):
+    def __init__(self, problem: Problem, store: EnvStateStore, device: torch.device, transfer: str = "auto"):
         self.problem = problem
         self.store = store
-        self.device = device
+        self.transfer = DeviceTransfer(device, transfer)
         self.env_steps = 0
 
-    @torch.no_grad()
     def __call__(self, requests: Sequence[EvalRequest]) -> list[dict[str, np.ndarray]]:
         replies: list[dict[str, np.ndarray]] = [{} for _ in requests]
         groups: dict[int, list[int]] = {}
@@ -54,11 +53,13 @@ class EvalInference:
         first, state, prev_action = self.store.lookup(step.slots, step.run_ids)
         obs = {k: torch.from_numpy(v) for k, v in step.observation.items()}
         obs.update({f"prev_action/{k}": v for k, v in prev_action.items()})
-        device_obs = tree_to(obs, self.device)
-        out, new_state = agent.step(device_obs, first.to(self.device), tree_to(state, self.device))
-        # The policy's own action: eval never executes an oracle's, whatever the extras say.
-        actions = tree_to(self.problem.select_actor_action(out, device_obs, {}, deterministic=True), "cpu")
-        self.store.end_step(step.slots, step.run_ids, None, state, tree_to(new_state, "cpu"), actions,
+        with torch.inference_mode():
+            device_obs, device_first, device_state = self.transfer.to_device((obs, first, state))
+            out, new_state = agent.step(device_obs, device_first, device_state)
+            # The policy's own action: eval never executes an oracle's, whatever the extras say.
+            actions = self.problem.select_actor_action(out, device_obs, {}, deterministic=True)
+            actions, new_state = self.transfer.to_host((actions, new_state))
+        self.store.end_step(step.slots, step.run_ids, None, state, new_state, actions,
                             step.terminated | step.truncated)
         self.env_steps += int((~first).sum())
         return {k: v.numpy() for k, v in actions.items()}

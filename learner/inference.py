@@ -5,6 +5,9 @@ env's state, run the agent once, pick actions, record the step, and hand finishe
 on (to the algorithm's unroll hook, then the trainer's queue, which blocks when full: the
 backpressure). Nothing is written before the forward pass has succeeded, so a batch that
 fails can be retried request by request (see `inference_batcher`).
+
+The forward pass runs under `torch.inference_mode`, and the batch crosses to the model's
+device and back through `device_transfer` (one pinned copy each way on a GPU).
 """
 
 from __future__ import annotations
@@ -17,8 +20,8 @@ import numpy as np
 import torch
 
 from fleetrl.agents.base import Agent
+from fleetrl.learner.device_transfer import DeviceTransfer
 from fleetrl.learner.env_state_store import EnvStateStore
-from fleetrl.learner.tensor_tree import tree_to
 from fleetrl.losses.batch import ACTION, EXTRA, OBSERVATION, Unroll
 from fleetrl.problems.base import Problem
 
@@ -73,31 +76,32 @@ class PolicyVersion:
 
 class InferenceStep:
     def __init__(self, problem: Problem, agent: Agent, policy: PolicyVersion, store: EnvStateStore,
-                 emit_unroll: Callable[[Unroll], bool], device: torch.device):
+                 emit_unroll: Callable[[Unroll], bool], device: torch.device, transfer: str = "auto"):
         self.problem = problem
         self.agent = agent
         self.policy = policy
         self.store = store
         self.emit_unroll = emit_unroll  # False: the learner is stopping
-        self.device = device
+        self.transfer = DeviceTransfer(device, transfer)
         self.env_steps = 0  # transitions: steps that are not the first of an episode
         self.batches = 0
         self.batch_envs = 0
 
-    @torch.no_grad()
     def __call__(self, requests: Sequence[StepRequest]) -> list[dict[str, np.ndarray]]:
         step = StepRequest.concatenate(requests)
         first, state, prev_action = self.store.lookup(step.slots, step.run_ids)
         obs = {k: torch.from_numpy(v) for k, v in step.observation.items()}
         obs.update({f"prev_action/{k}": v for k, v in prev_action.items()})
         extras = {k: torch.from_numpy(v) for k, v in step.extras.items()}
-        device_obs = tree_to(obs, self.device)
-        with self.policy.lock:
+        with self.policy.lock, torch.inference_mode():
             version = self.policy.version
-            out, new_state = self.agent.step(device_obs, first.to(self.device), tree_to(state, self.device))
-            actions = self.problem.select_actor_action(out, device_obs, tree_to(extras, self.device))
+            device_obs, device_first, device_state, device_extras = self.transfer.to_device(
+                (obs, first, state, extras))
+            out, new_state = self.agent.step(device_obs, device_first, device_state)
+            actions = self.problem.select_actor_action(out, device_obs, device_extras)
             log_prob = self.problem.action_log_prob(out, actions)
-        actions = tree_to(actions, "cpu")
+            value = out["baseline"] if "baseline" in out else torch.zeros(len(step), device=log_prob.device)
+            actions, log_prob, value, new_state = self.transfer.to_host((actions, log_prob, value, new_state))
 
         record = {OBSERVATION + k: v for k, v in obs.items()}
         record.update({ACTION + k: v for k, v in actions.items()})
@@ -107,13 +111,12 @@ class InferenceStep:
             reward=torch.from_numpy(step.reward),
             terminated=torch.from_numpy(step.terminated),
             truncated=torch.from_numpy(step.truncated),
-            behaviour_log_prob=log_prob.cpu(),
-            behaviour_value=out["baseline"].cpu() if "baseline" in out else torch.zeros(len(step)),
+            behaviour_log_prob=log_prob,
+            behaviour_value=value,
             policy_version=torch.full((len(step),), version, dtype=torch.int64),
         )
         ended = step.terminated | step.truncated
-        for unroll in self.store.end_step(step.slots, step.run_ids, record, state, tree_to(new_state, "cpu"),
-                                          actions, ended):
+        for unroll in self.store.end_step(step.slots, step.run_ids, record, state, new_state, actions, ended):
             if not self.emit_unroll(unroll):
                 break
 

@@ -6,8 +6,12 @@ passed since the first one arrived, then calls `handler` once for all of them. S
 vanished actor delays the others by at most the timeout, and never blocks them.
 
 `max_batch_size` may be a callable, read at each batch: the learner passes the smaller of
-its configured size and the number of connected envs, so a batch that already holds every
-connected env flushes at once instead of waiting out the timeout.
+its configured size and the number of connected envs. `max_requests`, also read at each
+batch, is the most requests that can be waiting at once: the learner passes the number of
+connected streams, since a stream submits its next step only once its last one is answered.
+So a batch that holds every connected env, or a step from every stream (an actor whose envs
+take turns in groups never has all of them waiting), flushes at once instead of waiting
+out the timeout.
 
 A batch whose handler raises is retried one request at a time, so that one actor's bad
 step fails only that actor's request; the others get their results. The handler must
@@ -32,10 +36,12 @@ class BatcherStopped(RuntimeError):
 
 class InferenceBatcher(Generic[Request]):
     def __init__(self, handler: Callable[[Sequence[Request]], Sequence[Any]], size_of: Callable[[Request], int],
-                 max_batch_size: int | Callable[[], int], timeout_s: float):
+                 max_batch_size: int | Callable[[], int], timeout_s: float,
+                 max_requests: Callable[[], int] | None = None):
         self._handler = handler
         self._size_of = size_of
         self._max_batch_size = max_batch_size if callable(max_batch_size) else (lambda: max_batch_size)
+        self._max_requests = max_requests
         self.timeout_s = timeout_s
         self._queue: queue.SimpleQueue[tuple[Request, Future]] = queue.SimpleQueue()
         self._stop = threading.Event()
@@ -71,7 +77,8 @@ class InferenceBatcher(Generic[Request]):
         size = self._size_of(batch[0][0])
         deadline = time.monotonic() + self.timeout_s
         limit = self._max_batch_size()
-        while size < limit:
+        max_requests = self._max_requests() if self._max_requests is not None else float("inf")
+        while size < limit and len(batch) < max_requests:
             remaining = deadline - time.monotonic()
             try:
                 item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()

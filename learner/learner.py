@@ -88,17 +88,17 @@ class Learner:
         self.unrolls = UnrollQueue(config.unroll_queue_size, self.stop)
         self.store = build_state_store(self.problem, self.agent, config.unroll_length, self.device)
         self.inference = InferenceStep(self.problem, self.agent, self.policy, self.store, self._emit_unroll,
-                                       self.device)
+                                       self.device, config.inference_transfer)
         self.batcher = InferenceBatcher(
             self.inference, len, lambda: max(1, min(config.inference_batch_size, self.store.num_allocated)),
-            config.inference_timeout_ms / 1000)
+            config.inference_timeout_ms / 1000, lambda: max(1, self.service.connected_streams(pb.TRAIN)))
 
         # Evaluation: eval actors play rounds with frozen snapshots, through their own batcher.
         self.eval_store = build_state_store(self.problem, self.agent, 0, self.device, record=False)
-        self.eval_inference = EvalInference(self.problem, self.eval_store, self.device)
+        self.eval_inference = EvalInference(self.problem, self.eval_store, self.device, config.inference_transfer)
         self.eval_batcher = InferenceBatcher(
             self.eval_inference, len, lambda: max(1, min(config.inference_batch_size, self.eval_store.num_allocated)),
-            config.inference_timeout_ms / 1000)
+            config.inference_timeout_ms / 1000, lambda: max(1, self.service.connected_streams(pb.EVAL)))
         self.eval_rounds = EvalRounds(self._eval_snapshot, self.problem.num_eval_episodes(), config.eval_interval_s,
                                       lambda result: self.eval_results(result))
 

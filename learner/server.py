@@ -114,6 +114,11 @@ class LearnerService(pb_grpc.LearnerServicer):
         with self._actors_lock:
             return len(self._actors)
 
+    def connected_streams(self, mode: int) -> int:
+        """Streams open in `mode` (pb.TRAIN or pb.EVAL); each has at most one step in inference."""
+        with self._actors_lock:
+            return sum(1 for m in self._actors.values() if m == mode)
+
     @property
     def rejected_messages(self) -> int:
         with self._rejected_lock:

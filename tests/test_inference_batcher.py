@@ -90,3 +90,21 @@ def test_the_size_limit_is_read_at_each_batch():
         assert batcher.submit(1).result(timeout=30) == 10
     finally:
         batcher.stop()
+
+
+def test_a_batch_with_a_request_from_every_stream_flushes_before_the_timeout():
+    """Each stream has at most one step waiting, so once every stream's is in, nothing more
+    can come: the batch goes at once, far below its size limit and its 60 s timeout."""
+    handler = Recorder()
+    streams = 2
+    batcher = InferenceBatcher(handler, size_of=lambda r: 1, max_batch_size=1000, timeout_s=60.0,
+                               max_requests=lambda: streams)
+    batcher.start()
+    try:
+        futures = [batcher.submit(i) for i in range(2)]
+        assert [f.result(timeout=30) for f in futures] == [0, 10]
+        streams = 1
+        assert batcher.submit(5).result(timeout=30) == 50
+        assert handler.batches == [[0, 1], [5]]
+    finally:
+        batcher.stop()
