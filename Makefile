@@ -7,7 +7,7 @@ STAMP := $(VENV)/.fleetrl-installed
 LOGDIR ?=
 RUN_FLAGS ?=
 
-.PHONY: run tensorboard evaluate test test-fast lint install libero proto bench clean
+.PHONY: run tensorboard evaluate test test-fast lint install libero proto bench bench-peers clean
 
 install: $(STAMP)
 
@@ -70,5 +70,18 @@ proto: install
 bench: install
 	$(PY) -m fleetrl.bench.throughput --num_actors=2 --envs_per_actor=32
 
+# Sample Factory 2.1.1 against fleetrl on CartPole (bench/peers.py). SF pins numpy<2 and
+# gymnasium 0.29, so it gets its own virtualenv; torch goes first there too (CPU build).
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.peers-installed
+$(PEERS_STAMP):
+	$(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/python -m pip install --quiet torch==2.13.0
+	$(PEERS_VENV)/bin/python -m pip install --quiet sample-factory==2.1.1 'numpy<2' 'gymnasium==0.29.1'
+	touch $(PEERS_STAMP)
+
+bench-peers: install $(PEERS_STAMP)
+	$(PY) -m fleetrl.bench.peers --peers_python=$(PEERS_VENV)/bin/python
+
 clean:
-	rm -rf $(VENV) runs
+	rm -rf $(VENV) $(PEERS_VENV) runs

@@ -60,15 +60,18 @@ class Agent(nn.Module):
         """
         num_steps, batch = first.shape
         flat_obs = pytree.tree_map(lambda x: x.reshape(num_steps * batch, *x.shape[2:]), observation)
-        torso_out = pytree.tree_map(
-            lambda x: x.reshape(num_steps, batch, *x.shape[1:]), self.torso(flat_obs)
-        )
-        neck_outs = []
-        for t in range(num_steps):
-            state = self._reset_where_first(state, first[t], observation, t)
-            out, state = self.neck(pytree.tree_map(lambda x: x[t], torso_out), state)
-            neck_outs.append(out)
-        neck_out = pytree.tree_map(lambda *xs: torch.cat(xs, dim=0), *neck_outs)
+        flat_torso_out = self.torso(flat_obs)
+        if type(self).neck is Agent.neck and not pytree.tree_leaves(state):
+            # No recurrence: the step-by-step loop would pass the torso through unchanged.
+            neck_out = flat_torso_out
+        else:
+            torso_out = pytree.tree_map(lambda x: x.reshape(num_steps, batch, *x.shape[1:]), flat_torso_out)
+            neck_outs = []
+            for t in range(num_steps):
+                state = self._reset_where_first(state, first[t], observation, t)
+                out, state = self.neck(pytree.tree_map(lambda x: x[t], torso_out), state)
+                neck_outs.append(out)
+            neck_out = pytree.tree_map(lambda *xs: torch.cat(xs, dim=0), *neck_outs)
         head_out = self.head(neck_out)
         return {k: v.reshape(num_steps, batch, *v.shape[1:]) for k, v in head_out.items()}, state
 

@@ -40,13 +40,15 @@ class Trainer:
         self.minibatches = problem.config.minibatches or self.algorithm.default_minibatches
         self.accumulation_steps = problem.config.accumulation_steps
         self.shuffle_generator = torch.Generator().manual_seed(seed)
+        self._parameters = list(agent.parameters())  # walking the module tree each step costs more than the clip
         # In updates (one batch's epochs x minibatches optimizer steps): how much older the
         # policy that acted is than the one being trained, averaged over the batch's steps.
         self.last_policy_lag = float("nan")
 
     def update(self, batch: UnrollBatch) -> dict[str, float]:
         """All epochs and minibatches of one batch; returns the mean of their logs."""
-        batch = batch.to(self.device)
+        if self.device.type != "cpu":  # batches are collated on the host
+            batch = batch.to(self.device)
         if batch.batch_size % (self.minibatches * self.accumulation_steps):
             raise ValueError(f"batch_size {batch.batch_size} does not split into {self.minibatches} minibatches "
                              f"of {self.accumulation_steps} microbatches")
@@ -79,10 +81,10 @@ class Trainer:
             micro = minibatch if parts == 1 else minibatch.select(index)
             micro_prepared = prepared if parts == 1 else {k: v[:, index] for k, v in prepared.items()}
             loss, logs = self.algorithm.loss(self.problem, self.agent, micro, micro_prepared)
-            (loss / parts).backward()
+            (loss if parts == 1 else loss / parts).backward()
             for name, value in logs.items():
                 summaries[name] = summaries.get(name, 0.0) + float(value) / parts
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.agent.parameters(), self.problem.config.max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.problem.config.max_grad_norm)
         with self.policy.lock:  # the only write to the weights; the version counts these steps
             self.optimizer.step()
             self.policy.version += 1
