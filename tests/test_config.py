@@ -68,6 +68,8 @@ def test_python_and_the_command_line_build_the_same_learner(tmp_path, repo_root)
     (lambda: LearnerConfig(problem="atari"), "unknown problem 'atari'; registered problems:"),
     (lambda: ActorConfig(mode="watch"), "unknown actor mode 'watch'; choose from train, eval"),
     (lambda: ActorConfig(num_envs=0), r"num_envs must be in \[1, inf\], got 0"),
+    (lambda: ActorConfig(num_envs=4, env_groups=0), r"env_groups must be in \[1, 4\], got 0"),
+    (lambda: LearnerConfig(inference_transfer="pinned"), "unknown inference_transfer 'pinned'; choose from auto"),
     (lambda: load_problem("cartpole", {"algorithm": "dqn"}), "unknown algorithm 'dqn'; choose from grpo, ppo"),
     (lambda: load_problem("cartpole", {"discount": "1.5"}), r"discount must be in \[0, 1\], got 1.5"),
     (lambda: load_problem("cartpole", {"logprob_type": "chunk"}), "unknown logprob_type 'chunk'"),
