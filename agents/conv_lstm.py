@@ -12,8 +12,10 @@ from torch import nn
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
 
 
-def conv_torso(image_size: int, channels: tuple[int, ...] = (32, 64, 64)) -> tuple[nn.Module, int]:
-    """Strided convolutions down to a few pixels, then flattened; returns the module and its width."""
+def conv_torso(image_size: int | tuple[int, int], channels: tuple[int, ...] = (32, 64, 64)) -> tuple[nn.Module, int]:
+    """Strided convolutions down to a few pixels, then flattened; returns the module and its width.
+    `image_size`: the side of square images, or (height, width)."""
+    height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
     layers: list[nn.Module] = []
     in_channels = 3
     for out_channels in channels:
@@ -21,12 +23,12 @@ def conv_torso(image_size: int, channels: tuple[int, ...] = (32, 64, 64)) -> tup
         in_channels = out_channels
     body = nn.Sequential(*layers, nn.Flatten())
     with torch.no_grad():
-        width = body(torch.zeros(1, 3, image_size, image_size)).shape[1]
-    return body, width
+        features = body(torch.zeros(1, 3, height, width)).shape[1]
+    return body, features
 
 
 class ConvLSTMAgent(Agent):
-    def __init__(self, image_size: int, num_actions: int, channels: tuple[int, ...] = (32, 64, 64),
+    def __init__(self, image_size: int | tuple[int, int], num_actions: int, channels: tuple[int, ...] = (32, 64, 64),
                  hidden_size: int = 256, lstm_size: int = 128, image_key: str = "image"):
         super().__init__()
         self.image_key = image_key

@@ -21,12 +21,14 @@ def mlp(input_size: int, hidden_sizes: Sequence[int]) -> nn.Sequential:
 class MLPAgent(Agent):
     """Torso: an MLP on one flat observation. Neck: none. Head: policy logits and a baseline.
 
-    With `shared_torso=False` the baseline has an MLP of its own, so the large value-loss
-    gradients of long episodes do not disturb the policy's features.
+    By default the baseline has an MLP of its own, so the large value-loss gradients of long
+    episodes do not disturb the policy's features (with one shared torso, returns in the
+    hundreds, as CartPole's and Acrobot's, stall or collapse learning). `shared_torso=True`
+    shares it: fewer weights, for short episodes with small returns.
     """
 
     def __init__(self, observation_size: int, num_actions: int, hidden_sizes: Sequence[int] = (64, 64),
-                 observation_key: str = "observation", shared_torso: bool = True):
+                 observation_key: str = "observation", shared_torso: bool = False):
         super().__init__()
         self.observation_key = observation_key
         self.body = mlp(observation_size, hidden_sizes)

@@ -18,6 +18,7 @@ BUILTIN: dict[str, str] = {
     "continuous_control": "fleetrl.problems.continuous_control:ContinuousControlProblem",
     "pendulum": "fleetrl.problems.continuous_control:PendulumProblem",
     "grid_nav": "fleetrl.problems.grid_nav:GridNavProblem",
+    "gym": "fleetrl.problems.gym_env:GymProblem",
     "gym_cards/numberline": "fleetrl.problems.gym_cards:NumberLineProblem",
     "gym_cards/ezpoints": "fleetrl.problems.gym_cards:EZPointsProblem",
     "gym_cards/points24": "fleetrl.problems.gym_cards:Points24Problem",
