@@ -86,11 +86,11 @@ class Actor:
             return make_vector_env(problem.make_actor_env, size, asynchronous, problem.config.group_size,
                                    self.config.seed, first_env=first_env)
 
-        # Fresh per process, so a restarted actor never continues an old trajectory.
         try:
             group_bounds(n, self.config.env_groups, problem.config.group_size)
         except ValueError as e:
             raise ActorError(str(e)) from None
+        # Run ids are fresh per process, so a restarted actor never continues an old trajectory.
         groups = make_env_groups(problem, vector_env, n, self.config.env_groups, new_run_ids(n), self.config.seed)
         try:
             self._act(problem_name, problem, groups, max_steps)
