@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import logging
 import os
 import shutil
 from collections.abc import Mapping
@@ -30,6 +31,8 @@ from fleetrl.envs.r2r.synthetic import SyntheticConfig, generate
 from fleetrl.envs.r2r.topdown import draw_episode
 from fleetrl.problems.base import Problem, ProblemConfig
 from fleetrl.problems.defaults import LearnerDefaults
+
+log = logging.getLogger(__name__)
 
 SYNTHETIC_DIR = "data/r2r_synthetic"
 
@@ -122,19 +125,26 @@ class R2RProblem(Problem):
         return {f"{final_info['split']}/topdown": picture}
 
     def episode_record(self, final_info: Mapping[str, Any]) -> dict[str, Any]:
-        return {key: final_info[key] for key in ("instr_id", "split", "scan", "reference", "trajectory", "headings")}
+        return {key: final_info[key]
+                for key in ("instr_id", "split", "scan", "reference", "trajectory", "headings", "elevations")}
 
     def write_eval_records(self, records: list[dict[str, Any]], output: str) -> list[str]:
         """R2R results files, `results_{split}.json` ([{"instr_id", "trajectory": [[viewpoint,
-        heading, elevation], ...]}], what R2R's scorers read), and a top-down picture of each
-        split's first episode."""
+        heading, elevation], ...]}], what R2R's scorers read, in R2R's heading convention), and a
+        top-down picture of each split's first episode. A split without goals (test) gets its
+        results file too, with a warning that its SR, SPL and the rest need the goals."""
         data = self._data()
         written = []
         os.makedirs(output, exist_ok=True)
         for split in sorted({r["split"] for r in records}):
             mine = [r for r in records if r["split"] == split]
             results = [{"instr_id": r["instr_id"],
-                        "trajectory": [[v, h, 0.0] for v, h in zip(r["trajectory"], r["headings"])]} for r in mine]
+                        "trajectory": [[v, h, e] for v, h, e in zip(r["trajectory"], r["headings"], r["elevations"])]}
+                       for r in mine]
+            if all(len(r["reference"]) == 1 for r in mine):
+                log.warning("split %s has no goals (its paths hold only their start): its results file is written "
+                            "and only PL and steps are reported; SR, SPL, nDTW and the rest need the goals (R2R's "
+                            "evaluation server scores the file)", split)
             path = os.path.join(output, f"results_{split}.json")
             with open(path, "w") as f:
                 json.dump(results, f)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -199,7 +200,93 @@ def test_the_readers_take_real_r2r_files(tmp_path):
         assert walked == pytest.approx(entry["distance"], abs=0.05)  # R2R's own path lengths
         for a, b in zip(entry["path"][:-1], entry["path"][1:]):
             assert b in graph.neighbours(a)
+            # R2R's headings on real poses: [0, 2π), and the way back faces the opposite way.
+            assert 0 <= graph.heading(a, b) < 2 * np.pi
+            assert graph.heading(b, a) == pytest.approx((graph.heading(a, b) + np.pi) % (2 * np.pi), abs=1e-9)
     vocab = Vocab.read(os.path.join(SAMPLE, "vocab.txt"))
     ids = vocab.encode(episodes[0].instruction, 80)
     words = ids[(ids != vocab.pad_id) & (ids != vocab.eos_id)]
     assert len(words) > 10 and (words == vocab.unk_id).mean() < 0.1  # VALAN's vocab covers its own data
+
+
+def write_cross_scan(directory, scan="cross"):
+    """A viewpoint with a neighbour 2 m to the north, east, south and west; the west one
+    1.5 m higher up."""
+    positions = {"center": (0, 0, 0), "north": (0, 2, 0), "east": (2, 0, 0), "south": (0, -2, 0), "west": (-2, 0, 1.5)}
+    entries = []
+    for i, (name, (x, y, z)) in enumerate(positions.items()):
+        pose = [1, 0, 0, x, 0, 1, 0, y, 0, 0, 1, z, 0, 0, 0, 1]
+        entries.append({"image_id": name, "pose": pose, "included": True,
+                        "unobstructed": [j != i and (i == 0 or j == 0) for j in range(len(positions))]})
+    os.makedirs(directory, exist_ok=True)
+    with open(os.path.join(directory, f"{scan}_connectivity.json"), "w") as f:
+        json.dump(entries, f)
+    return load_scan_graph(directory, scan)
+
+
+def test_headings_follow_r2rs_convention_zero_north_clockwise_in_zero_to_two_pi(tmp_path):
+    graph = write_cross_scan(str(tmp_path))
+    headings = {v: graph.heading("center", v) for v in ("north", "east", "south", "west")}
+    assert headings == pytest.approx({"north": 0.0, "east": np.pi / 2, "south": np.pi, "west": 3 * np.pi / 2})
+    assert graph.heading("west", "center") == pytest.approx(np.pi / 2)
+    from fleetrl.envs.r2r.env import view_elevation
+    # 1.5 m up over 2 m is 37 degrees: the agent looks through the +30 degree row of views.
+    assert view_elevation(graph.elevation("center", "west")) == pytest.approx(np.pi / 6)
+    assert view_elevation(graph.elevation("west", "center")) == pytest.approx(-np.pi / 6)
+    assert view_elevation(graph.elevation("center", "north")) == 0.0
+
+
+def goal_less_copy(synthetic, tmp_path, split="test"):
+    """The synthetic dataset plus a split shaped like R2R's test split: paths of their start only."""
+    out, _ = synthetic
+    copy = tmp_path / "data"
+    shutil.copytree(out, copy)
+    entries = json.load(open(copy / "R2R_val_unseen.json"))
+    for entry in entries:
+        entry["path"] = entry["path"][:1]
+        entry.pop("distance", None)
+    json.dump(entries, open(copy / f"R2R_{split}.json", "w"))
+    return str(copy)
+
+
+def test_a_split_without_goals_pays_nothing_and_reports_only_path_length_and_steps(synthetic, tmp_path):
+    env = R2REnv(R2RData(goal_less_copy(synthetic, tmp_path)), splits=("test",), max_steps=3)
+    obs, _ = env.reset(options={"split": "test", "index": 0})
+    rewards, done = [], False
+    while not done:
+        obs, reward, terminated, truncated, info = env.step(1)
+        rewards.append(reward)
+        done = terminated or truncated
+    assert rewards == [0.0] * 3
+    assert set(info["metrics"]) == {"PL", "steps"} and info["metrics"]["steps"] == 3
+    assert info["metrics"]["PL"] > 0 and len(info["headings"]) == len(info["elevations"]) == 4
+    assert all(0 <= h < 2 * np.pi for h in info["headings"])
+
+
+def test_results_files_carry_r2r_headings_and_view_elevations_and_a_goal_less_split_says_why(
+        synthetic, tmp_path, caplog):
+    from fleetrl.problems.registry import load_problem
+    problem = load_problem("r2r", {"data_dir": goal_less_copy(synthetic, tmp_path), "eval_splits": "[test,val_unseen]",
+                                   "max_steps": "4"})
+    env = problem.make_env()
+    records = []
+    for split in ("test", "val_unseen"):
+        obs, _ = env.reset(options={"split": split, "index": 0})
+        done = False
+        while not done:
+            obs, _, terminated, truncated, info = env.step(obs["oracle_action"] if split != "test" else 1)
+            done = terminated or truncated
+        records.append(problem.episode_record(info))
+    with caplog.at_level("WARNING"):
+        written = problem.write_eval_records(records, str(tmp_path / "out"))
+    assert "split test has no goals" in caplog.text and "val_unseen" not in caplog.text
+    for split, record in zip(("test", "val_unseen"), records):
+        (result,) = json.load(open(tmp_path / "out" / f"results_{split}.json"))
+        assert str(tmp_path / "out" / f"results_{split}.json") in written
+        assert [step[0] for step in result["trajectory"]] == record["trajectory"]
+        for (_, heading, elevation), (a, b) in zip(result["trajectory"][1:],
+                                                           zip(record["trajectory"], record["trajectory"][1:])):
+            graph = env.graphs[record["scan"]]
+            assert heading == pytest.approx(graph.heading(a, b)) and 0 <= heading < 2 * np.pi
+            assert elevation in (-np.pi / 6, 0.0, np.pi / 6)
+        assert result["trajectory"][0][2] == 0.0

@@ -10,10 +10,17 @@ Observation (fixed shapes, so actors can batch it):
   candidate_mask   [C] int8        1 for valid slots
   oracle_action    [] int64        the slot on the shortest path to the goal (STOP there)
 
-Action: a slot. The episode ends at STOP or after `max_steps` moves. Rewards: "distance"
+Action: a slot. The episode ends at STOP or after `max_steps` moves. Headings follow R2R:
+radians in [0, 2π), 0 facing +y, clockwise. The agent looks level at the start, and each
+move looks through the view that faces the next viewpoint, one of three rows at -30, 0 or
++30 degrees: that row's elevation is the step's elevation in the trajectory. Rewards: "distance"
 (VALAN's: the metres gained towards the goal, clipped to [-1, 1], then +-4 for stopping at
 the goal or not) or "dtw" (the decrease of DTW to the reference path, then the same
 stop bonus). The final info holds the trajectory and the VLN metrics (see `metrics`).
+
+A split without goals (R2R's test split, whose paths hold only their start) is for
+writing results files: its episodes pay no reward and report only the path length and
+the steps taken, since SR, SPL, nDTW and the rest need the goal.
 """
 
 from __future__ import annotations
@@ -97,8 +104,8 @@ class R2REnv(gym.Env):
         self.graph = self.graphs[self.episode.scan]
         self.instruction = self.vocab.encode(self.episode.instruction, self.max_instruction_len)
         self.trajectory = [self.episode.path[0]]
-        self.heading = self.episode.heading
-        self.headings = [self.heading]
+        self.heading = self.episode.heading % (2 * math.pi)
+        self.headings, self.elevations = [self.heading], [0.0]
         self.steps = 0
         return self._observe(), {}
 
@@ -114,12 +121,22 @@ class R2REnv(gym.Env):
         before = self._progress()
         self.trajectory.append(there)
         self.headings.append(self.heading)
+        self.elevations.append(view_elevation(self.graph.elevation(here, there)))
         self.steps += 1
-        reward = float(np.clip(before - self._progress(), -1.0, 1.0)) if self.reward_kind == "distance" \
-            else before - self._progress()
+        if not self.has_goal:
+            reward = 0.0
+        elif self.reward_kind == "distance":
+            reward = float(np.clip(before - self._progress(), -1.0, 1.0))
+        else:
+            reward = before - self._progress()
         if self.steps >= self.max_steps:
             return self._end(reward, terminated=False)
         return self._observe(), reward, False, False, {}
+
+    @property
+    def has_goal(self) -> bool:
+        """False on a split without ground truth (test), whose paths hold only the start."""
+        return len(self.episode.path) > 1
 
     def _progress(self) -> float:
         """What the reward's shaping measures: distance to the goal, or DTW to the reference."""
@@ -128,12 +145,16 @@ class R2REnv(gym.Env):
         return vln.dtw(vln.collapse_repeats(self.trajectory), self.episode.path, self.graph.distance)
 
     def _end(self, reward: float, terminated: bool):
-        at_goal = self.trajectory[-1] == self.episode.path[-1]
-        reward += self.stop_bonus if at_goal and terminated else -self.stop_bonus
+        if self.has_goal:
+            at_goal = self.trajectory[-1] == self.episode.path[-1]
+            reward += self.stop_bonus if at_goal and terminated else -self.stop_bonus
+            metrics = vln.episode_metrics(self.trajectory, self.episode.path, self.graph.distance)
+        else:
+            metrics = {"PL": vln.path_length(vln.collapse_repeats(self.trajectory), self.graph.distance),
+                       "steps": float(self.steps)}
         info = {"instr_id": self.episode.instr_id, "split": self.split, "index": self.index, "scan": self.episode.scan,
                 "reference": list(self.episode.path), "trajectory": list(self.trajectory),
-                "headings": list(self.headings),
-                "metrics": vln.episode_metrics(self.trajectory, self.episode.path, self.graph.distance)}
+                "headings": list(self.headings), "elevations": list(self.elevations), "metrics": metrics}
         return self._observe(), reward, terminated, not terminated, info
 
     # ----- observation -----
@@ -141,7 +162,7 @@ class R2REnv(gym.Env):
     def _observe(self) -> dict[str, np.ndarray]:
         here = self.trajectory[-1]
         pano = self.features(self.episode.scan, here)
-        neighbours = sorted(self.graph.neighbours(here), key=lambda v: self.graph.heading(here, v) % (2 * math.pi))
+        neighbours = sorted(self.graph.neighbours(here), key=lambda v: self.graph.heading(here, v))
         if len(neighbours) > self.max_conns - 1:
             raise DataError(f"scan {self.episode.scan} viewpoint {here} has {len(neighbours)} neighbours; "
                             f"raise max_conns above {self.max_conns}")
@@ -169,7 +190,16 @@ class R2REnv(gym.Env):
         return 1 + self._slots.index(self.graph.shortest_path(here, goal)[1])
 
 
+def view_row(elevation: float) -> int:
+    """The row of R2R's 36 views nearest `elevation`: 0 at -30 degrees, 1 level, 2 at +30."""
+    return 1 + int(np.clip(round(elevation / (math.pi / 6)), -1, 1))
+
+
+def view_elevation(elevation: float) -> float:
+    """The elevation of the view row nearest `elevation`, in radians."""
+    return (view_row(elevation) - 1) * math.pi / 6
+
+
 def level_view(heading: float, elevation: float) -> int:
     """The index (of 36) of the view facing `heading` at the elevation row nearest `elevation`."""
-    row = 1 + int(np.clip(round(elevation / (math.pi / 6)), -1, 1))
-    return 12 * row + int(round((heading % (2 * math.pi)) / (math.pi / 6))) % 12
+    return 12 * view_row(elevation) + int(round((heading % (2 * math.pi)) / (math.pi / 6))) % 12

@@ -56,9 +56,10 @@ class ScanGraph:
         return list(self.graph.neighbors(viewpoint))
 
     def heading(self, a: str, b: str) -> float:
-        """Heading from a to b: from the +y axis, clockwise positive, in radians."""
+        """Heading from a to b in R2R's convention: radians in [0, 2π), 0 facing +y, turning
+        clockwise (seen from above: +x is π/2)."""
         dx, dy = self.positions[b][:2] - self.positions[a][:2]
-        return math.atan2(dx, dy)
+        return math.atan2(dx, dy) % (2 * math.pi)
 
     def elevation(self, a: str, b: str) -> float:
         delta = self.positions[b] - self.positions[a]
