@@ -1,0 +1,107 @@
+"""Does training hold its policy past its peak? N seeds of one Problem, each for a fixed
+number of env steps, with no early stop.
+
+    python -m fleetrl.bench.stability --problem=cartpole --runs=10 --env_steps=1000000
+
+Each run is `launch.local` with the Problem's defaults (plus `--hparams`) and its own
+`--seed`, one after another (`--parallel` runs several at once; on 2 cores one at a time
+keeps them from slowing each other). Per run it prints the mean return of the last 100
+episodes at the end, the best summary point, when the curve first reached `--target`, and
+the longest stretch after that in which it stayed below `--floor`. A run passes when it
+ends at or above `--final` and no such stretch lasts `--max_dip_steps` or more.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+from typing import NamedTuple
+
+from absl import app, flags
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    flags.DEFINE_string("problem", "cartpole", "Problem to train.")
+    flags.DEFINE_list("hparams", [], "name=value overrides of the Problem's config, for every run.")
+    flags.DEFINE_integer("runs", 10, "Seeds 0 to runs-1.")
+    flags.DEFINE_integer("env_steps", 1_000_000, "Env steps per run.")
+    flags.DEFINE_integer("parallel", 1, "Runs at once.")
+    flags.DEFINE_float("target", 475.0, "The return that counts as solved.")
+    flags.DEFINE_float("floor", 200.0, "A dip is a stretch below this after reaching the target.")
+    flags.DEFINE_integer("max_dip_steps", 50_000, "A dip this long (env steps) or longer fails the run.")
+    flags.DEFINE_float("final", 450.0, "The least mean return of the last 100 episodes at the end for a pass.")
+
+
+class Run(NamedTuple):
+    seed: int
+    final: float
+    best: float
+    reached_at: int | None
+    longest_dip: int
+
+    @property
+    def passed(self) -> bool:
+        return self.final >= FLAGS.final and self.longest_dip < FLAGS.max_dip_steps
+
+
+def longest_dip(curve: list[tuple[int, float]], reached_at: int | None) -> int:
+    """Env steps of the longest stretch below the floor after `reached_at` (to the curve's end if it never recovers)."""
+    if reached_at is None:
+        return 0
+    longest, start = 0, None
+    for step, value in curve:
+        if step < reached_at:
+            continue
+        if value < FLAGS.floor and start is None:
+            start = step
+        elif value >= FLAGS.floor and start is not None:
+            longest, start = max(longest, step - start), None
+    if start is not None:
+        longest = max(longest, curve[-1][0] - start)
+    return longest
+
+
+def train(seed: int) -> Run:
+    with tempfile.TemporaryDirectory() as logdir:
+        hparams = [f"--hparams={','.join(FLAGS.hparams)}"] if FLAGS.hparams else []
+        subprocess.run([sys.executable, "-m", "fleetrl.launch.local", f"--problem={FLAGS.problem}", f"--seed={seed}",
+                        f"--logdir={logdir}", f"--total_env_steps={FLAGS.env_steps}", "--summary_interval_s=1",
+                        *hparams], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        with open(os.path.join(logdir, "summary.json")) as f:
+            final = json.load(f)["mean_episode_return"]
+        events = EventAccumulator(logdir, size_guidance={"scalars": 0})
+        events.Reload()
+        curve = [(e.step, e.value) for e in events.Scalars("episode/return")]
+    reached_at = next((step for step, value in curve if value >= FLAGS.target), None)
+    return Run(seed, final, max(value for _, value in curve), reached_at, longest_dip(curve, reached_at))
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    logging.getLogger("tensorboard").setLevel(logging.WARNING)  # its event reader logs every directory it polls
+    print(f"stability: {FLAGS.problem} {','.join(FLAGS.hparams) or '(defaults)'}, {FLAGS.runs} seeds x "
+          f"{FLAGS.env_steps:,} env steps, {FLAGS.parallel} at a time, {os.cpu_count()} CPUs", flush=True)
+    print(f"{'seed':>4} {'final':>7} {'best':>7} {'reached ' + format(FLAGS.target, 'g'):>12} "
+          f"{'longest dip':>11} pass", flush=True)
+    with concurrent.futures.ThreadPoolExecutor(FLAGS.parallel) as pool:
+        runs = []
+        for run in pool.map(train, range(FLAGS.runs)):
+            runs.append(run)
+            reached = f"{run.reached_at:,}" if run.reached_at is not None else "never"
+            print(f"{run.seed:>4} {run.final:7.1f} {run.best:7.1f} {reached:>12} {run.longest_dip:11,} "
+                  f"{'yes' if run.passed else 'no'}", flush=True)
+    print(f"{sum(r.passed for r in runs)} of {len(runs)} passed: final mean return >= {FLAGS.final:g} and no dip "
+          f"below {FLAGS.floor:g} of {FLAGS.max_dip_steps:,} env steps or more after reaching {FLAGS.target:g}")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
