@@ -38,6 +38,8 @@ def define_flags() -> None:
     flags.DEFINE_float("floor", 200.0, "A dip is a stretch below this after reaching the target.")
     flags.DEFINE_integer("max_dip_steps", 50_000, "A dip this long (env steps) or longer fails the run.")
     flags.DEFINE_float("final", 450.0, "The least mean return of the last 100 episodes at the end for a pass.")
+    flags.DEFINE_string("keep_logdirs", None, "Keep each run's logdir (TensorBoard, checkpoints) as DIR/seed_N; "
+                                              "default: temporary, deleted after the run.")
 
 
 class Run(NamedTuple):
@@ -70,16 +72,24 @@ def longest_dip(curve: list[tuple[int, float]], reached_at: int | None) -> int:
 
 
 def train(seed: int) -> Run:
+    if FLAGS.keep_logdirs:
+        logdir = os.path.join(FLAGS.keep_logdirs, f"seed_{seed}")
+        os.makedirs(logdir, exist_ok=True)
+        return train_in(seed, logdir)
     with tempfile.TemporaryDirectory() as logdir:
-        hparams = [f"--hparams={','.join(FLAGS.hparams)}"] if FLAGS.hparams else []
-        subprocess.run([sys.executable, "-m", "fleetrl.launch.local", f"--problem={FLAGS.problem}", f"--seed={seed}",
-                        f"--logdir={logdir}", f"--total_env_steps={FLAGS.env_steps}", "--summary_interval_s=1",
-                        *hparams], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        with open(os.path.join(logdir, "summary.json")) as f:
-            final = json.load(f)["mean_episode_return"]
-        events = EventAccumulator(logdir, size_guidance={"scalars": 0})
-        events.Reload()
-        curve = [(e.step, e.value) for e in events.Scalars("episode/return")]
+        return train_in(seed, logdir)
+
+
+def train_in(seed: int, logdir: str) -> Run:
+    hparams = [f"--hparams={','.join(FLAGS.hparams)}"] if FLAGS.hparams else []
+    subprocess.run([sys.executable, "-m", "fleetrl.launch.local", f"--problem={FLAGS.problem}", f"--seed={seed}",
+                    f"--logdir={logdir}", f"--total_env_steps={FLAGS.env_steps}", "--summary_interval_s=1",
+                    *hparams], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    with open(os.path.join(logdir, "summary.json")) as f:
+        final = json.load(f)["mean_episode_return"]
+    events = EventAccumulator(logdir, size_guidance={"scalars": 0})
+    events.Reload()
+    curve = [(e.step, e.value) for e in events.Scalars("episode/return")]
     reached_at = next((step for step, value in curve if value >= FLAGS.target), None)
     return Run(seed, final, max(value for _, value in curve), reached_at, longest_dip(curve, reached_at))
 

@@ -71,15 +71,20 @@ def evaluate(tokens: Sequence[str]) -> Fraction:
 @functools.lru_cache(maxsize=4096)
 def solvable(numbers: tuple[int, ...], target: int = 24) -> bool:
     """Whether +, -, *, / and parentheses combine all of `numbers` (each once) into `target`."""
+    dead_ends: set[tuple[Fraction, ...]] = set()  # multisets already known not to reach the target
+
     def reach(values: tuple[Fraction, ...]) -> bool:
         if len(values) == 1:
             return values[0] == target
+        if tuple(sorted(values)) in dead_ends:
+            return False
         for i, j in itertools.permutations(range(len(values)), 2):
             rest = tuple(v for k, v in enumerate(values) if k not in (i, j))
             a, b = values[i], values[j]
             results = [a + b, a - b, a * b] + ([a / b] if b != 0 else [])
             if any(reach(rest + (r,)) for r in results):
                 return True
+        dead_ends.add(tuple(sorted(values)))
         return False
 
     return reach(tuple(Fraction(n) for n in numbers))

@@ -61,10 +61,16 @@ def formula_for(values: tuple[int, ...], target: int, operators: str) -> tuple[s
     in a fixed search order. Every composite operand is in parentheses, so a formula of four
     numbers has at most 11 tokens."""
     numbers = [Fraction(v) for v in values]
+    # Whether the target can be reached depends only on the values left, not on how they
+    # were written: each multiset that failed once is not searched again.
+    dead_ends: set[tuple[Fraction, ...]] = set()
 
     def search(items: list[tuple[Fraction, tuple[str, ...]]]) -> tuple[str, ...] | None:
         if len(items) == 1:
             return items[0][1] if items[0][0] == target else None
+        left = tuple(sorted(value for value, _ in items))
+        if left in dead_ends:
+            return None
         for i, j in itertools.permutations(range(len(items)), 2):
             (a, ta), (b, tb) = items[i], items[j]
             rest = [item for k, item in enumerate(items) if k not in (i, j)]
@@ -76,6 +82,7 @@ def formula_for(values: tuple[int, ...], target: int, operators: str) -> tuple[s
                 found = search(rest + [(value, tokens)])
                 if found is not None:
                     return found
+        dead_ends.add(left)
         return None
 
     return search([(n, (str(v),)) for n, v in zip(numbers, values)])
