@@ -42,6 +42,7 @@ from fleetrl.learner.summaries import TrainSummaries
 from fleetrl.learner.trainer import Trainer
 from fleetrl.learner.unroll_queue import UnrollQueue
 from fleetrl.losses.batch import Unroll
+from fleetrl.losses.lr_schedule import LearningRateSchedule
 from fleetrl.problems.base import Problem
 from fleetrl.problems.registry import load_problem
 from fleetrl.proto import learner_pb2 as pb
@@ -70,6 +71,8 @@ class Learner:
         self.problem = problem or load_problem(config.problem, config.hparams)
         self.agent = self.problem.make_agent().to(self.device)
         self.optimizer = self.problem.make_optimizer(self.agent.parameters())
+        self.lr_schedule = LearningRateSchedule(self.problem.config.learning_rate_schedule,
+                                                self.problem.config.learning_rate, config.total_env_steps)
         self.policy = PolicyVersion()
         self.stop = threading.Event()
         self._reason = ""
@@ -145,6 +148,7 @@ class Learner:
                 waited = time.monotonic() - started
                 if not self.config.train:
                     continue
+                self.lr_schedule.apply(self.optimizer, self.inference.env_steps)
                 self.scalars.add_all(self.trainer.update(batch))
                 self.scalars.add("learner/trainer_idle_fraction", waited / max(time.monotonic() - started, 1e-9))
                 self.run_state.save_if_due()

@@ -60,7 +60,8 @@ class Algorithm:
 
     def prepare(self, problem: TrainingProblem, batch: UnrollBatch) -> Prepared:
         check_types(problem.config.reward_type, problem.config.logprob_type)
-        steps = transitions(batch.reward, batch.terminated, batch.truncated, problem.config.discount)
+        steps = transitions(batch.reward * problem.config.reward_scale, batch.terminated, batch.truncated,
+                            problem.config.discount)
         forced = batch.extras.get(TEACHER_FORCING)
         return {"rewards": steps.rewards, "discounts": steps.discounts, "valid": steps.valid,
                 "teacher": torch.zeros_like(steps.valid) if forced is None else forced[:-1].float()}

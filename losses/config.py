@@ -20,6 +20,9 @@ class LossConfig:
     algorithm: str = setting("vtrace", "The training algorithm, by registered name: vtrace, ppo, grpo, supervised "
                                        "(fleetrl.losses.algorithms.ALGORITHMS).")
     discount: float = setting(0.99, "Gamma, per agent step.")
+    reward_scale: float = setting(1.0, "Rewards are multiplied by this in the loss (episode returns are reported "
+                                       "unscaled): it sets the size of values and advantages beside the entropy "
+                                       "bonus.")
     entropy_cost: float = setting(0.01, "Weight of the entropy bonus.")
     baseline_cost: float = setting(0.5, "Weight of the value loss (V-trace's baseline cost, PPO's c_v).")
 
@@ -64,6 +67,7 @@ class LossConfig:
         check_choice("reward_type", self.reward_type, REWARD_TYPES)
         check_choice("logprob_type", self.logprob_type, LOGPROB_TYPES)
         check_range("discount", self.discount, low=0, high=1)
+        check_range("reward_scale", self.reward_scale, low=0, low_open=True)
         for name in ("gae_lambda", "lambda_"):
             check_range(name, getattr(self, name), low=0, high=1)
         for name in ("clip_eps_low", "clip_eps_high"):

@@ -79,6 +79,8 @@ def vtrace_loss(target_log_probs: torch.Tensor, entropy: torch.Tensor, values: t
         "loss/baseline": baseline_loss.detach(),
         "policy/entropy": mean_entropy.detach() * count / valid.sum().clamp(min=1),
         "policy/mean_rho": (torch.exp(log_rhos) * valid).sum() / valid.sum().clamp(min=1),
+        # The policy gradient's scale beside the entropy bonus's: unnormalized, it grows with the returns.
+        "policy/mean_abs_advantage": returns.pg_advantages.abs().sum() / valid.sum().clamp(min=1),
         "value/mean_target": (returns.vs * valid).sum() / valid.sum().clamp(min=1),
         "value/explained_variance": explained_variance(values[:-1].detach(), returns.vs, valid),
     }

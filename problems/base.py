@@ -23,11 +23,12 @@ import numpy as np
 import torch
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation
-from fleetrl.common.settings import check_range, setting
+from fleetrl.common.settings import check_choice, check_range, setting
 from fleetrl.envs.action_chunks import ACTION_REWARDS, ACTIONS_EXECUTED, ActionChunks
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING, TeacherForcingDraws
 from fleetrl.losses.algorithms import Algorithm, get_algorithm
 from fleetrl.losses.config import LossConfig
+from fleetrl.losses.lr_schedule import SCHEDULES
 from fleetrl.problems.defaults import LaunchDefaults, LearnerDefaults
 from fleetrl.problems.hparams import apply_hparams
 from fleetrl.proto.tensors import Specs, TensorSpec, specs_from_space
@@ -40,7 +41,9 @@ TRAIN, TEACHER = "train", "teacher"
 class ProblemConfig(LossConfig):
     """Settings every Problem has: the loss (see LossConfig) and the optimizer. Subclasses add their own."""
 
-    learning_rate: float = setting(1e-3, "Adam's learning rate.")
+    learning_rate: float = setting(1e-3, "Adam's learning rate (at the start, with a schedule).")
+    learning_rate_schedule: str = setting("constant", "constant, or linear: decay the learning rate to 0 over "
+                                                      "--total_env_steps (fleetrl.losses.lr_schedule).")
     adam_eps: float = setting(1e-8, "Adam's epsilon.")
     max_grad_norm: float = setting(40.0, "Gradients are clipped to this global norm.")
     teacher_forcing_fraction: float = setting(
@@ -59,6 +62,7 @@ class ProblemConfig(LossConfig):
         super().__post_init__()
         check_range("teacher_forcing_fraction", self.teacher_forcing_fraction, low=0, high=1)
         check_range("learning_rate", self.learning_rate, low=0, low_open=True)
+        check_choice("learning_rate_schedule", self.learning_rate_schedule, SCHEDULES)
         for name in ("chunk_size", "eval_episodes"):
             check_range(name, getattr(self, name), low=1)
 

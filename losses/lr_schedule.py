@@ -1,0 +1,33 @@
+"""The learning rate over a run: constant, or decayed linearly to zero over the run's env steps.
+
+IMPALA and SEED RL decay the learning rate to zero over the run's frames, and CleanRL's
+PPO anneals it the same way: late updates become small, so a policy that has converged
+is not knocked off its peak by the noise of its own gradients. The rate is a function of
+the env steps served so far, so a resumed run continues on the same curve.
+"""
+
+from __future__ import annotations
+
+import torch
+
+SCHEDULES = ("constant", "linear")
+
+
+class LearningRateSchedule:
+    def __init__(self, name: str, base_rate: float, total_env_steps: int):
+        if name not in SCHEDULES:
+            raise ValueError(f"unknown learning_rate_schedule {name!r}; choose from {', '.join(SCHEDULES)}")
+        if name == "linear" and total_env_steps <= 0:
+            raise ValueError("learning_rate_schedule=linear decays over the run's budget: set --total_env_steps, "
+                             "or use learning_rate_schedule=constant")
+        self.name, self.base_rate, self.total_env_steps = name, base_rate, total_env_steps
+
+    def rate(self, env_steps: int) -> float:
+        if self.name == "constant":
+            return self.base_rate
+        return self.base_rate * max(0.0, 1.0 - env_steps / self.total_env_steps)
+
+    def apply(self, optimizer: torch.optim.Optimizer, env_steps: int) -> None:
+        rate = self.rate(env_steps)
+        for group in optimizer.param_groups:
+            group["lr"] = rate

@@ -1,0 +1,53 @@
+"""The learning-rate schedule and the loss's reward scale."""
+
+import pytest
+import torch
+
+from fleetrl.losses.lr_schedule import LearningRateSchedule
+from fleetrl.problems import load_problem
+
+
+def test_a_linear_schedule_decays_to_zero_over_the_budget_and_stays_there():
+    schedule = LearningRateSchedule("linear", 1e-3, total_env_steps=1000)
+    assert [schedule.rate(s) for s in (0, 250, 1000, 5000)] == pytest.approx([1e-3, 7.5e-4, 0.0, 0.0])
+    assert LearningRateSchedule("constant", 1e-3, 0).rate(10**9) == 1e-3
+
+
+def test_the_schedule_sets_every_parameter_group():
+    first, second = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([{"params": [first]}, {"params": [second]}], lr=1.0)
+    LearningRateSchedule("linear", 2e-3, 100).apply(optimizer, 50)
+    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([1e-3, 1e-3])
+
+
+def test_a_linear_schedule_without_a_budget_or_an_unknown_one_is_refused_by_name(tmp_path):
+    from fleetrl.learner.config import LearnerConfig
+    from fleetrl.learner.learner import Learner
+
+    with pytest.raises(ValueError, match="learning_rate_schedule=linear .* --total_env_steps"):
+        Learner(LearnerConfig(problem="cartpole", hparams={"learning_rate_schedule": "linear"},
+                              logdir=str(tmp_path), bind="127.0.0.1:0"))
+    with pytest.raises(ValueError, match="unknown learning_rate_schedule 'cosine'"):
+        load_problem("cartpole", {"learning_rate_schedule": "cosine"})
+
+
+def test_the_learner_decays_the_rate_as_env_steps_are_served(tmp_path, unroll_batch):
+    from fleetrl.learner.config import LearnerConfig
+    from fleetrl.learner.learner import Learner
+
+    learner = Learner(LearnerConfig(problem="cartpole", hparams={"learning_rate_schedule": "linear"},
+                                    total_env_steps=400, logdir=str(tmp_path), bind="127.0.0.1:0"))
+    learner.inference.env_steps = 100
+    learner.lr_schedule.apply(learner.optimizer, learner.inference.env_steps)
+    assert learner.trainer.update(unroll_batch(learner.problem, learner.agent))["optim/learning_rate"] == \
+        pytest.approx(0.75e-3)
+
+
+def test_the_reward_scale_scales_the_rewards_the_loss_sees(unroll_batch):
+    plain, scaled = load_problem("cartpole"), load_problem("cartpole", {"reward_scale": "0.1"})
+    batch = unroll_batch(plain, plain.make_agent())
+    rewards = {name: p.algorithm().prepare(p, batch)["rewards"] for name, p in (("plain", plain), ("scaled", scaled))}
+    assert rewards["plain"].abs().sum() > 0
+    torch.testing.assert_close(rewards["scaled"], rewards["plain"] * 0.1)
+    with pytest.raises(ValueError, match="reward_scale"):
+        load_problem("cartpole", {"reward_scale": "0"})
