@@ -3,7 +3,8 @@ number of env steps, with no early stop.
 
     python -m fleetrl.bench.stability --problem=cartpole --runs=10 --env_steps=1000000
 
-Each run is `launch.local` with the Problem's defaults (plus `--hparams`) and its own
+Each run is `launch.local` with the Problem's defaults (plus `--hparams` and any
+`--launch_flag`) and its own
 `--seed`, one after another (`--parallel` runs several at once; on 2 cores one at a time
 keeps them from slowing each other). Per run it prints the mean return of the last 100
 episodes at the end, the best summary point, when the curve first reached `--target`, and
@@ -31,7 +32,10 @@ FLAGS = flags.FLAGS
 def define_flags() -> None:
     flags.DEFINE_string("problem", "cartpole", "Problem to train.")
     flags.DEFINE_list("hparams", [], "name=value overrides of the Problem's config, for every run.")
-    flags.DEFINE_integer("runs", 10, "Seeds 0 to runs-1.")
+    flags.DEFINE_multi_string("launch_flag", [], "A flag for launch.local, for every run (repeat it): "
+                                                 "--launch_flag=--batch_size=32.")
+    flags.DEFINE_integer("runs", 10, "Seeds first_seed to first_seed + runs - 1.")
+    flags.DEFINE_integer("first_seed", 0, "The first run's seed.")
     flags.DEFINE_integer("env_steps", 1_000_000, "Env steps per run.")
     flags.DEFINE_integer("parallel", 1, "Runs at once.")
     flags.DEFINE_float("target", 475.0, "The return that counts as solved.")
@@ -84,7 +88,7 @@ def train_in(seed: int, logdir: str) -> Run:
     hparams = [f"--hparams={','.join(FLAGS.hparams)}"] if FLAGS.hparams else []
     subprocess.run([sys.executable, "-m", "fleetrl.launch.local", f"--problem={FLAGS.problem}", f"--seed={seed}",
                     f"--logdir={logdir}", f"--total_env_steps={FLAGS.env_steps}", "--summary_interval_s=1",
-                    *hparams], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                    *hparams, *FLAGS.launch_flag], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     with open(os.path.join(logdir, "summary.json")) as f:
         final = json.load(f)["mean_episode_return"]
     events = EventAccumulator(logdir, size_guidance={"scalars": 0})
@@ -97,13 +101,14 @@ def train_in(seed: int, logdir: str) -> Run:
 def main(argv: list[str]) -> None:
     del argv
     logging.getLogger("tensorboard").setLevel(logging.WARNING)  # its event reader logs every directory it polls
-    print(f"stability: {FLAGS.problem} {','.join(FLAGS.hparams) or '(defaults)'}, {FLAGS.runs} seeds x "
-          f"{FLAGS.env_steps:,} env steps, {FLAGS.parallel} at a time, {os.cpu_count()} CPUs", flush=True)
+    settings = " ".join([",".join(FLAGS.hparams), *FLAGS.launch_flag]).strip() or "(defaults)"
+    print(f"stability: {FLAGS.problem} {settings}, {FLAGS.runs} seeds x {FLAGS.env_steps:,} env steps, "
+          f"{FLAGS.parallel} at a time, {os.cpu_count()} CPUs", flush=True)
     print(f"{'seed':>4} {'final':>7} {'best':>7} {'reached ' + format(FLAGS.target, 'g'):>12} "
           f"{'longest dip':>11} pass", flush=True)
     with concurrent.futures.ThreadPoolExecutor(FLAGS.parallel) as pool:
         runs = []
-        for run in pool.map(train, range(FLAGS.runs)):
+        for run in pool.map(train, range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.runs)):
             runs.append(run)
             reached = f"{run.reached_at:,}" if run.reached_at is not None else "never"
             print(f"{run.seed:>4} {run.final:7.1f} {run.best:7.1f} {reached:>12} {run.longest_dip:11,} "

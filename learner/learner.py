@@ -73,6 +73,10 @@ class Learner:
         self.optimizer = self.problem.make_optimizer(self.agent.parameters())
         self.lr_schedule = LearningRateSchedule(self.problem.config.learning_rate_schedule,
                                                 self.problem.config.learning_rate, config.total_env_steps)
+        if self.problem.config.learning_rate_schedule != "constant" and not config.total_env_steps:
+            log.warning("learning_rate_schedule=%s decays over --total_env_steps, and this run has none: the "
+                        "learning rate stays at %g", self.problem.config.learning_rate_schedule,
+                        self.problem.config.learning_rate)
         self.policy = PolicyVersion()
         self.stop = threading.Event()
         self._reason = ""

@@ -3,7 +3,9 @@
 IMPALA and SEED RL decay the learning rate to zero over the run's frames, and CleanRL's
 PPO anneals it the same way: late updates become small, so a policy that has converged
 is not knocked off its peak by the noise of its own gradients. The rate is a function of
-the env steps served so far, so a resumed run continues on the same curve.
+the env steps served so far, so a resumed run continues on the same curve. A run with
+no budget (`--total_env_steps=0`) has nothing to decay over: its rate stays constant, and
+the learner says so when it starts.
 """
 
 from __future__ import annotations
@@ -17,13 +19,10 @@ class LearningRateSchedule:
     def __init__(self, name: str, base_rate: float, total_env_steps: int):
         if name not in SCHEDULES:
             raise ValueError(f"unknown learning_rate_schedule {name!r}; choose from {', '.join(SCHEDULES)}")
-        if name == "linear" and total_env_steps <= 0:
-            raise ValueError("learning_rate_schedule=linear decays over the run's budget: set --total_env_steps, "
-                             "or use learning_rate_schedule=constant")
         self.name, self.base_rate, self.total_env_steps = name, base_rate, total_env_steps
 
     def rate(self, env_steps: int) -> float:
-        if self.name == "constant":
+        if self.name == "constant" or self.total_env_steps <= 0:
             return self.base_rate
         return self.base_rate * max(0.0, 1.0 - env_steps / self.total_env_steps)
 

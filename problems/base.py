@@ -43,7 +43,8 @@ class ProblemConfig(LossConfig):
 
     learning_rate: float = setting(1e-3, "Adam's learning rate (at the start, with a schedule).")
     learning_rate_schedule: str = setting("constant", "constant, or linear: decay the learning rate to 0 over "
-                                                      "--total_env_steps (fleetrl.losses.lr_schedule).")
+                                                      "--total_env_steps, if the run has one "
+                                                      "(fleetrl.losses.lr_schedule).")
     adam_eps: float = setting(1e-8, "Adam's epsilon.")
     max_grad_norm: float = setting(40.0, "Gradients are clipped to this global norm.")
     teacher_forcing_fraction: float = setting(

@@ -14,6 +14,12 @@ from fleetrl.problems.base import Problem, ProblemConfig
 class CartPoleConfig(ProblemConfig):
     hidden_sizes: tuple[int, ...] = (64, 64)
     learning_rate: float = 1e-3
+    # Both hold V-trace at its peak (docs/algorithms.md, "Holding the policy past the peak"):
+    # unscaled returns of 500 make advantages of 3-7 per step that drown the entropy bonus,
+    # and the policy goes deterministic, sometimes on one action; a decaying rate stops the
+    # late updates from knocking a converged policy off.
+    reward_scale: float = 0.1
+    learning_rate_schedule: str = "linear"
     entropy_cost: float = 0.01
     discount: float = 0.99
     max_episode_steps: int = 500

@@ -20,13 +20,17 @@ def test_the_schedule_sets_every_parameter_group():
     assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([1e-3, 1e-3])
 
 
-def test_a_linear_schedule_without_a_budget_or_an_unknown_one_is_refused_by_name(tmp_path):
+def test_without_a_budget_a_linear_schedule_keeps_its_rate_and_the_learner_says_so(tmp_path, caplog):
     from fleetrl.learner.config import LearnerConfig
     from fleetrl.learner.learner import Learner
 
-    with pytest.raises(ValueError, match="learning_rate_schedule=linear .* --total_env_steps"):
-        Learner(LearnerConfig(problem="cartpole", hparams={"learning_rate_schedule": "linear"},
-                              logdir=str(tmp_path), bind="127.0.0.1:0"))
+    assert LearningRateSchedule("linear", 1e-3, total_env_steps=0).rate(10**6) == 1e-3
+    Learner(LearnerConfig(problem="cartpole", hparams={"learning_rate_schedule": "linear"},
+                          logdir=str(tmp_path), bind="127.0.0.1:0"))
+    assert "decays over --total_env_steps, and this run has none" in caplog.text
+
+
+def test_an_unknown_schedule_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown learning_rate_schedule 'cosine'"):
         load_problem("cartpole", {"learning_rate_schedule": "cosine"})
 
@@ -44,7 +48,7 @@ def test_the_learner_decays_the_rate_as_env_steps_are_served(tmp_path, unroll_ba
 
 
 def test_the_reward_scale_scales_the_rewards_the_loss_sees(unroll_batch):
-    plain, scaled = load_problem("cartpole"), load_problem("cartpole", {"reward_scale": "0.1"})
+    plain, scaled = load_problem("cartpole", {"reward_scale": "1"}), load_problem("cartpole", {"reward_scale": "0.1"})
     batch = unroll_batch(plain, plain.make_agent())
     rewards = {name: p.algorithm().prepare(p, batch)["rewards"] for name, p in (("plain", plain), ("scaled", scaled))}
     assert rewards["plain"].abs().sum() > 0
