@@ -13,12 +13,14 @@ from fleetrl.proto import learner_pb2 as pb
 
 
 class Progress:
-    """One status line, redrawn in place on a terminal, printed every 10 s otherwise."""
+    """One status line, redrawn in place on a terminal, printed every 10 s otherwise (and
+    once more at the end, so that a log always holds the run's last state)."""
 
     def __init__(self, interactive: bool):
         self.interactive = interactive
         self._last_print = 0.0
         self._drawn = False
+        self._unprinted: str | None = None
 
     def show(self, status: pb.Status) -> None:
         line = (f"[{status.uptime_s:5.0f}s] env steps {status.env_steps:>10,} | {status.env_steps_per_s:7,.0f}/s | "
@@ -34,11 +36,17 @@ class Progress:
         elif time.monotonic() - self._last_print >= 10:
             print(line, flush=True)
             self._last_print = time.monotonic()
+            self._unprinted = None
+        else:
+            self._unprinted = line
 
     def end(self) -> None:
         if self._drawn:
             sys.stdout.write("\n")
             self._drawn = False
+        if self._unprinted is not None:
+            print(self._unprinted, flush=True)
+            self._unprinted = None
 
 
 def _number(value: float) -> str:

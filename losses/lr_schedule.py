@@ -21,12 +21,20 @@ class LearningRateSchedule:
             raise ValueError(f"unknown learning_rate_schedule {name!r}; choose from {', '.join(SCHEDULES)}")
         self.name, self.base_rate, self.total_env_steps = name, base_rate, total_env_steps
 
-    def rate(self, env_steps: int) -> float:
+    def factor(self, env_steps: int) -> float:
+        """The share of each parameter group's initial rate to use now."""
         if self.name == "constant" or self.total_env_steps <= 0:
-            return self.base_rate
-        return self.base_rate * max(0.0, 1.0 - env_steps / self.total_env_steps)
+            return 1.0
+        return max(0.0, 1.0 - env_steps / self.total_env_steps)
+
+    def rate(self, env_steps: int) -> float:
+        return self.base_rate * self.factor(env_steps)
 
     def apply(self, optimizer: torch.optim.Optimizer, env_steps: int) -> None:
-        rate = self.rate(env_steps)
+        """Scales each group's rate from the one it was made with (a Problem's optimizer may
+        give its groups different rates); a constant schedule leaves the optimizer alone."""
+        factor = self.factor(env_steps)
+        if factor == 1.0 and self.name == "constant":
+            return
         for group in optimizer.param_groups:
-            group["lr"] = rate
+            group["lr"] = group.setdefault("initial_lr", group["lr"]) * factor

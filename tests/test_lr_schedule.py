@@ -13,11 +13,15 @@ def test_a_linear_schedule_decays_to_zero_over_the_budget_and_stays_there():
     assert LearningRateSchedule("constant", 1e-3, 0).rate(10**9) == 1e-3
 
 
-def test_the_schedule_sets_every_parameter_group():
+def test_the_schedule_scales_each_parameter_group_from_its_own_rate():
     first, second = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
-    optimizer = torch.optim.Adam([{"params": [first]}, {"params": [second]}], lr=1.0)
-    LearningRateSchedule("linear", 2e-3, 100).apply(optimizer, 50)
-    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([1e-3, 1e-3])
+    optimizer = torch.optim.Adam([{"params": [first]}, {"params": [second], "lr": 1e-4}], lr=2e-3)
+    schedule = LearningRateSchedule("linear", 2e-3, 100)
+    for steps in (50, 75):  # applied again, it scales the initial rates, not the last ones
+        schedule.apply(optimizer, steps)
+    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([5e-4, 2.5e-5])
+    LearningRateSchedule("constant", 2e-3, 100).apply(optimizer, 0)  # leaves the optimizer alone
+    assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([5e-4, 2.5e-5])
 
 
 def test_without_a_budget_a_linear_schedule_keeps_its_rate_and_the_learner_says_so(tmp_path, caplog):
