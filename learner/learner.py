@@ -71,9 +71,8 @@ class Learner:
         self.problem = problem or load_problem(config.problem, config.hparams)
         self.agent = self.problem.make_agent().to(self.device)
         self.optimizer = self.problem.make_optimizer(self.agent.parameters())
-        self.lr_schedule = LearningRateSchedule(self.problem.config.learning_rate_schedule,
-                                                self.problem.config.learning_rate, config.total_env_steps)
-        if self.problem.config.learning_rate_schedule != "constant" and not config.total_env_steps:
+        self.lr_schedule = LearningRateSchedule(self.problem.config.learning_rate_schedule, config.total_env_steps)
+        if self.problem.config.learning_rate_schedule != "constant" and not self.lr_schedule.decays:
             log.warning("learning_rate_schedule=%s decays over --total_env_steps, and this run has none: the "
                         "learning rate stays at %g", self.problem.config.learning_rate_schedule,
                         self.problem.config.learning_rate)

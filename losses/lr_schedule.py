@@ -12,29 +12,24 @@ from __future__ import annotations
 
 import torch
 
-SCHEDULES = ("constant", "linear")
+SCHEDULES = ("constant", "linear")  # ProblemConfig checks the name against these
 
 
 class LearningRateSchedule:
-    def __init__(self, name: str, base_rate: float, total_env_steps: int):
-        if name not in SCHEDULES:
-            raise ValueError(f"unknown learning_rate_schedule {name!r}; choose from {', '.join(SCHEDULES)}")
-        self.name, self.base_rate, self.total_env_steps = name, base_rate, total_env_steps
+    def __init__(self, name: str, total_env_steps: int):
+        # Decays only when linear and the run has a budget; otherwise the optimizer is left alone.
+        self.decays = name == "linear" and total_env_steps > 0
+        self.total_env_steps = total_env_steps
 
     def factor(self, env_steps: int) -> float:
         """The share of each parameter group's initial rate to use now."""
-        if self.name == "constant" or self.total_env_steps <= 0:
-            return 1.0
-        return max(0.0, 1.0 - env_steps / self.total_env_steps)
-
-    def rate(self, env_steps: int) -> float:
-        return self.base_rate * self.factor(env_steps)
+        return max(0.0, 1.0 - env_steps / self.total_env_steps) if self.decays else 1.0
 
     def apply(self, optimizer: torch.optim.Optimizer, env_steps: int) -> None:
         """Scales each group's rate from the one it was made with (a Problem's optimizer may
-        give its groups different rates); a constant schedule leaves the optimizer alone."""
-        factor = self.factor(env_steps)
-        if factor == 1.0 and self.name == "constant":
+        give its groups different rates)."""
+        if not self.decays:
             return
+        factor = self.factor(env_steps)
         for group in optimizer.param_groups:
             group["lr"] = group.setdefault("initial_lr", group["lr"]) * factor

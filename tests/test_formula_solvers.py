@@ -12,9 +12,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from fleetrl.envs.gym_cards.arithmetic import evaluate, solvable
+from fleetrl.envs.gym_cards.arithmetic import evaluate, formula_for, solvable
 from fleetrl.envs.gym_cards.formula import NUMBERS, EZPointsEnv, Points24Env, card_value
-from fleetrl.envs.gym_cards.solvers import formula_for
 
 
 def play(env, tokens) -> float:

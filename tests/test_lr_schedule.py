@@ -8,19 +8,19 @@ from fleetrl.problems import load_problem
 
 
 def test_a_linear_schedule_decays_to_zero_over_the_budget_and_stays_there():
-    schedule = LearningRateSchedule("linear", 1e-3, total_env_steps=1000)
-    assert [schedule.rate(s) for s in (0, 250, 1000, 5000)] == pytest.approx([1e-3, 7.5e-4, 0.0, 0.0])
-    assert LearningRateSchedule("constant", 1e-3, 0).rate(10**9) == 1e-3
+    schedule = LearningRateSchedule("linear", total_env_steps=1000)
+    assert [schedule.factor(s) for s in (0, 250, 1000, 5000)] == pytest.approx([1.0, 0.75, 0.0, 0.0])
+    assert LearningRateSchedule("constant", 1000).factor(999) == 1.0
 
 
 def test_the_schedule_scales_each_parameter_group_from_its_own_rate():
     first, second = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.Adam([{"params": [first]}, {"params": [second], "lr": 1e-4}], lr=2e-3)
-    schedule = LearningRateSchedule("linear", 2e-3, 100)
+    schedule = LearningRateSchedule("linear", 100)
     for steps in (50, 75):  # applied again, it scales the initial rates, not the last ones
         schedule.apply(optimizer, steps)
     assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([5e-4, 2.5e-5])
-    LearningRateSchedule("constant", 2e-3, 100).apply(optimizer, 0)  # leaves the optimizer alone
+    LearningRateSchedule("constant", 100).apply(optimizer, 0)  # leaves the optimizer alone
     assert [group["lr"] for group in optimizer.param_groups] == pytest.approx([5e-4, 2.5e-5])
 
 
@@ -28,7 +28,7 @@ def test_without_a_budget_a_linear_schedule_keeps_its_rate_and_the_learner_says_
     from fleetrl.learner.config import LearnerConfig
     from fleetrl.learner.learner import Learner
 
-    assert LearningRateSchedule("linear", 1e-3, total_env_steps=0).rate(10**6) == 1e-3
+    assert LearningRateSchedule("linear", total_env_steps=0).factor(10**6) == 1.0
     Learner(LearnerConfig(problem="cartpole", hparams={"learning_rate_schedule": "linear"},
                           logdir=str(tmp_path), bind="127.0.0.1:0"))
     assert "decays over --total_env_steps, and this run has none" in caplog.text

@@ -4,8 +4,8 @@
     term       := factor (("*" | "/") factor)*
     factor     := number | "(" expression ")"
 
-Values are Fractions, so 8 / 3 * 3 is exactly 8. Also a brute-force solver that says
-whether four numbers make a target (Points24's `solvable_only` option).
+Values are Fractions, so 8 / 3 * 3 is exactly 8. Also the search that finds a formula of
+given numbers for a target (the solvers' answers, and Points24's `solvable_only` option).
 """
 
 from __future__ import annotations
@@ -68,23 +68,46 @@ def evaluate(tokens: Sequence[str]) -> Fraction:
     return result
 
 
+@functools.lru_cache(maxsize=8192)
+def formula_for(values: tuple[int, ...], target: int, operators: str) -> tuple[str, ...] | None:
+    """Tokens of a formula that uses each of `values` once, with `operators` and
+    parentheses, and equals `target`; None if there is none. Deterministic: the first found
+    in a fixed search order. Every composite operand is in parentheses, so a formula of four
+    numbers has at most 11 tokens."""
+    numbers = [Fraction(v) for v in values]
+    # Whether the target can be reached depends only on the values left, not on how they
+    # were written: each multiset that failed once is not searched again.
+    dead_ends: set[tuple[Fraction, ...]] = set()
+
+    def search(items: list[tuple[Fraction, tuple[str, ...]]]) -> tuple[str, ...] | None:
+        if len(items) == 1:
+            return items[0][1] if items[0][0] == target else None
+        left = tuple(sorted(value for value, _ in items))
+        if left in dead_ends:
+            return None
+        for i, j in itertools.permutations(range(len(items)), 2):
+            (a, ta), (b, tb) = items[i], items[j]
+            rest = [item for k, item in enumerate(items) if k not in (i, j)]
+            for op in operators:
+                if op == "/" and b == 0:
+                    continue
+                value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else None}[op]
+                tokens = _operand(ta) + (op,) + _operand(tb)
+                found = search(rest + [(value, tokens)])
+                if found is not None:
+                    return found
+        dead_ends.add(left)
+        return None
+
+    return search([(n, (str(v),)) for n, v in zip(numbers, values)])
+
+
+def _operand(tokens: tuple[str, ...]) -> tuple[str, ...]:
+    """A sub-formula as an operand: in parentheses unless it is a single number."""
+    return tokens if len(tokens) == 1 else ("(", *tokens, ")")
+
+
 @functools.lru_cache(maxsize=4096)
 def solvable(numbers: tuple[int, ...], target: int = 24) -> bool:
     """Whether +, -, *, / and parentheses combine all of `numbers` (each once) into `target`."""
-    dead_ends: set[tuple[Fraction, ...]] = set()  # multisets already known not to reach the target
-
-    def reach(values: tuple[Fraction, ...]) -> bool:
-        if len(values) == 1:
-            return values[0] == target
-        if tuple(sorted(values)) in dead_ends:
-            return False
-        for i, j in itertools.permutations(range(len(values)), 2):
-            rest = tuple(v for k, v in enumerate(values) if k not in (i, j))
-            a, b = values[i], values[j]
-            results = [a + b, a - b, a * b] + ([a / b] if b != 0 else [])
-            if any(reach(rest + (r,)) for r in results):
-                return True
-        dead_ends.add(tuple(sorted(values)))
-        return False
-
-    return reach(tuple(Fraction(n) for n in numbers))
+    return formula_for(numbers, target, "+-*/") is not None

@@ -16,11 +16,9 @@ Solvers are the oracles of teacher forcing and the demonstrations of warm starts
 from __future__ import annotations
 
 import dataclasses
-import functools
-import itertools
 import json
-from fractions import Fraction
 
+from fleetrl.envs.gym_cards.arithmetic import formula_for
 from fleetrl.envs.gym_cards.base import CardsEnv
 from fleetrl.envs.gym_cards.blackjack import BlackjackEnv
 from fleetrl.envs.gym_cards.formula import EZPointsEnv, FormulaEnv, card_value
@@ -52,45 +50,6 @@ def _numberline(env: NumberLineEnv) -> Answer:
     move = "add one" if env.current < env.target else "subtract one"
     return Answer(f"The target is {env.target} and the current number is {env.current}, so I {move}.",
                   "+" if env.current < env.target else "-")
-
-
-@functools.lru_cache(maxsize=8192)
-def formula_for(values: tuple[int, ...], target: int, operators: str) -> tuple[str, ...] | None:
-    """Tokens of a formula that uses each of `values` once, with `operators` and
-    parentheses, and equals `target`; None if there is none. Deterministic: the first found
-    in a fixed search order. Every composite operand is in parentheses, so a formula of four
-    numbers has at most 11 tokens."""
-    numbers = [Fraction(v) for v in values]
-    # Whether the target can be reached depends only on the values left, not on how they
-    # were written: each multiset that failed once is not searched again.
-    dead_ends: set[tuple[Fraction, ...]] = set()
-
-    def search(items: list[tuple[Fraction, tuple[str, ...]]]) -> tuple[str, ...] | None:
-        if len(items) == 1:
-            return items[0][1] if items[0][0] == target else None
-        left = tuple(sorted(value for value, _ in items))
-        if left in dead_ends:
-            return None
-        for i, j in itertools.permutations(range(len(items)), 2):
-            (a, ta), (b, tb) = items[i], items[j]
-            rest = [item for k, item in enumerate(items) if k not in (i, j)]
-            for op in operators:
-                if op == "/" and b == 0:
-                    continue
-                value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else None}[op]
-                tokens = _operand(ta) + (op,) + _operand(tb)
-                found = search(rest + [(value, tokens)])
-                if found is not None:
-                    return found
-        dead_ends.add(left)
-        return None
-
-    return search([(n, (str(v),)) for n, v in zip(numbers, values)])
-
-
-def _operand(tokens: tuple[str, ...]) -> tuple[str, ...]:
-    """A sub-formula as an operand: in parentheses unless it is a single number."""
-    return tokens if len(tokens) == 1 else ("(", *tokens, ")")
 
 
 def _formula(env: FormulaEnv) -> Answer:
