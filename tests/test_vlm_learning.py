@@ -1,7 +1,7 @@
 """RL through generation, parsing and lambda-scaled log-probs, in the whole system.
 
 A tiny random VLM is warm-started on a noisy NumberLine solver (right 60% of the time),
-then PPO from that checkpoint must raise the eval success rate by 15 points (or to 85%).
+then PPO from that checkpoint must raise the eval success rate by 20 points (or to 90%).
 Both stages are real runs of `launch.local`: a learner, actors and an eval actor.
 """
 
@@ -43,6 +43,6 @@ def test_ppo_from_a_noisy_solver_warm_start_raises_the_success_rate(tmp_path, lo
     # The last two rounds (200 episodes) against the warm start: runs are asynchronous, and a
     # single round of 100 moves by 5-10 points from one run to the next.
     start, end = rounds[0]["success"], (rounds[-1]["success"] + rounds[-2]["success"]) / 2
-    assert end >= min(start + 0.15, 0.85), f"eval success {[r['success'] for r in rounds]}"
+    assert end >= min(start + 0.2, 0.9), f"eval success {[r['success'] for r in rounds]}"
     scalars = local_run.read_scalars(rl)
     assert {"generation/tokens_per_s", "generation/answer_tokens", "episode/parse_failure_rate"} <= set(scalars)
