@@ -35,6 +35,7 @@ from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
 from fleetrl.proto.auth import read_token
+from fleetrl.proto.episode_records import encode_record
 from fleetrl.proto.run_ids import new_run_ids
 from fleetrl.proto.tensors import decode_all, encode_all
 
@@ -151,6 +152,7 @@ class Actor:
         n, action_specs = self.config.num_envs, problem.action_specs()
         run_ids = new_run_ids(n)
         handshake = self._handshake(problem_name, problem, pb.EVAL)
+        send_records = problem.learner_writes_eval_records()
 
         def play(requests: queue.SimpleQueue, responses) -> bool:
             log.info("connected to %s as eval actor %s", self.config.learner_address, self.actor_id)
@@ -166,7 +168,7 @@ class Actor:
                 episodes.start(work.episodes)
                 while episodes.playing:
                     pending = episodes.pending()
-                    requests.put(pb.ActorMessage(step=_eval_step_message(pending, run_ids)))
+                    requests.put(pb.ActorMessage(step=_eval_step_message(pending, run_ids, send_records)))
                     reply = next(responses, None)
                     if reply is None or reply.WhichOneof("kind") == "finished":
                         return True
@@ -229,12 +231,13 @@ def _drain(requests: queue.SimpleQueue) -> Iterator[pb.ActorMessage]:
         yield item
 
 
-def _eval_step_message(pending: Pending, run_ids: np.ndarray) -> pb.Step:
+def _eval_step_message(pending: Pending, run_ids: np.ndarray, send_records: bool) -> pb.Step:
     indices = pending.env_indices
     step = step_message(pending.observation, pending.reward, pending.terminated, pending.truncated, run_ids[indices],
                         [], pending.extras, indices.tolist())
-    step.finished_episodes.extend(pb.EpisodeStats(env_index=e.env_index, metrics=e.metrics, eval_episode=e.episode,
-                                                  images=encode_all(e.images))
-                                  for e in pending.finished)
+    step.finished_episodes.extend(
+        pb.EpisodeStats(env_index=e.env_index, metrics=e.metrics, eval_episode=e.episode, images=encode_all(e.images),
+                        record=encode_record(e.record) if send_records and e.record is not None else b"")
+        for e in pending.finished)
     return step
 

@@ -6,6 +6,10 @@ JSON line per round goes to <logdir>/eval.jsonl, and a round whose `best_metric`
 every earlier one has its weights saved as best.pt. Rounds overlapping with stragglers may
 finish out of order: TensorBoard's step axis only moves forward, so a late round is kept in
 eval.jsonl but not written to TensorBoard.
+
+A Problem that asks for it (`Problem.learner_writes_eval_records`) also gets each round's
+episode records written with its `write_eval_records`, under <logdir>/eval_records with the
+round's policy version in the file names: R2R's results_{split}_{policy_version}.json.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
+from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
@@ -22,10 +28,14 @@ from fleetrl.learner.run_state import RunState
 
 log = logging.getLogger(__name__)
 
+# Problem.write_eval_records: (records, output folder, file-name suffix) -> paths written.
+RecordWriter = Callable[[list[dict[str, Any]], str, str], list[str]]
+
 
 class EvalResults:
-    def __init__(self, logdir: str, best_metric: str, run_state: RunState):
+    def __init__(self, logdir: str, best_metric: str, run_state: RunState, write_records: RecordWriter | None = None):
         self._logdir = logdir
+        self._write_records = write_records
         self._best_metric = best_metric
         self._run_state = run_state
         self._lock = threading.Lock()
@@ -71,3 +81,16 @@ class EvalResults:
                                                 result.policy_version, result.metrics)
         log.info("eval round %d at policy version %d: %s%s", result.round, result.policy_version,
                  ", ".join(f"{k} {v:.3g}" for k, v in sorted(result.metrics.items())), " (best)" if better else "")
+        if self._write_records is not None and result.records:
+            self._write_round_records(result)
+
+    def _write_round_records(self, result: EvalResult) -> None:
+        output = os.path.join(self._logdir, "eval_records")
+        try:
+            paths = self._write_records(result.records, output, f"_{result.policy_version}")
+        except Exception:  # the Problem's own writer: its failure must not end the stream that finished the round
+            log.exception("eval round %d: the Problem's write_eval_records failed; the round's metrics stand",
+                          result.round)
+            return
+        log.info("eval round %d: %d episode records written to %s", result.round, len(result.records),
+                 ", ".join(paths) or output)

@@ -19,6 +19,7 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -35,6 +36,8 @@ class EvalResult:
     episodes: int
     agent: Agent  # the snapshot that played it
     images: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # Problem.eval_images
+    # Problem.episode_record of each episode that sent one, in episode order.
+    records: list[dict[str, Any]] = dataclasses.field(default_factory=list)
 
 
 @dataclasses.dataclass
@@ -46,6 +49,7 @@ class _Round:
     running: dict[str, set[int]] = dataclasses.field(default_factory=dict)
     results: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
     images: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)
+    records: dict[int, dict[str, Any]] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -102,8 +106,9 @@ class EvalRounds:
             return self._actor_snapshot.get(actor_id)
 
     def record(self, actor_id: str, episode: int, metrics: dict[str, float],
-               images: dict[str, np.ndarray] | None = None) -> None:
-        """An episode of `actor_id`'s current round ended with `metrics` (and pictures)."""
+               images: dict[str, np.ndarray] | None = None, record: dict[str, Any] | None = None) -> None:
+        """An episode of `actor_id`'s current round ended with `metrics` (and pictures, and
+        the Problem's record of it)."""
         with self._lock:
             round_ = self._rounds.get(self._actor_round.get(actor_id, -1))
             running = round_.running.get(actor_id, set()) if round_ is not None else set()
@@ -112,11 +117,14 @@ class EvalRounds:
             running.discard(episode)
             round_.results[episode] = dict(metrics)
             round_.images.update(images or {})
+            if record is not None:
+                round_.records[episode] = record
             if len(round_.results) < self.episodes:
                 return
             del self._rounds[round_.index]
             result = EvalResult(round=round_.index, policy_version=round_.version, episodes=self.episodes,
-                                metrics=_means(round_.results.values()), agent=round_.agent, images=round_.images)
+                                metrics=_means(round_.results.values()), agent=round_.agent, images=round_.images,
+                                records=[round_.records[e] for e in sorted(round_.records)])
             self.completed += 1
             self.last = result
         self._on_complete(result)

@@ -110,7 +110,9 @@ class Learner:
 
         self.run_state = RunState(config, self.agent, self.optimizer, self.policy, self.inference, self.episodes,
                                   self.eval_rounds, self.trainer.shuffle_generator, self.device)
-        self.eval_results = EvalResults(config.logdir, config.best_metric, self.run_state)
+        self.eval_results = EvalResults(
+            config.logdir, config.best_metric, self.run_state,
+            self.problem.write_eval_records if self.problem.learner_writes_eval_records() else None)
         self.resumed_from = self.run_state.resume_or_warm_start()
 
         self.service = LearnerService(ServedRun(
@@ -121,6 +123,8 @@ class Learner:
             scalars=self.scalars, run=self, max_envs_per_actor=config.max_envs_per_actor,
             max_message_bytes=config.max_message_mb * 1024 * 1024, handshake_timeout_s=config.handshake_timeout_s,
             eval_store=self.eval_store, eval_batcher=self.eval_batcher, eval_rounds=self.eval_rounds,
+            check_episode_record=(self.problem.check_episode_record if self.problem.learner_writes_eval_records()
+                                  else None),
         ), max_streams(config))
         self.server = LearnerServer(config, self.service)
         self.address = self.server.address

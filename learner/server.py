@@ -15,9 +15,9 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import grpc
 import numpy as np
@@ -34,6 +34,7 @@ from fleetrl.problems.base import TRAIN
 from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
+from fleetrl.proto.episode_records import decode_record
 from fleetrl.proto.tensors import Specs, TensorSpec, WireError, decode, decode_all, encode_all, spec_mismatch
 
 log = logging.getLogger(__name__)
@@ -77,6 +78,9 @@ class ServedRun:
     eval_store: EnvStateStore | None = None
     eval_batcher: InferenceBatcher | None = None
     eval_rounds: EvalRounds | None = None
+    # Problem.check_episode_record where the Problem's eval records come to the learner;
+    # None: this run takes no records.
+    check_episode_record: Callable[[Mapping[str, Any]], None] | None = None
 
 
 def episode_tag(group: str, metric: str) -> str:
@@ -94,6 +98,7 @@ class Episode(NamedTuple):
     group: str
     eval_episode: int | None
     images: dict[str, np.ndarray]  # eval episodes only: Problem.eval_images
+    record: dict[str, Any] | None  # eval episodes only: Problem.episode_record, when the learner writes them
 
 
 class LearnerService(pb_grpc.LearnerServicer):
@@ -268,7 +273,8 @@ class LearnerService(pb_grpc.LearnerServicer):
             if episode.eval_episode is None:
                 raise WireError(f"finished_episodes: env {episode.env} of an eval actor gives no eval_episode")
             try:
-                self.run.eval_rounds.record(actor_id, episode.eval_episode, episode.metrics, episode.images)
+                self.run.eval_rounds.record(actor_id, episode.eval_episode, episode.metrics, episode.images,
+                                            episode.record)
             except ValueError as e:
                 raise WireError(f"finished_episodes: {e}") from None
         snapshot = self.run.eval_rounds.agent_for(actor_id)
@@ -343,7 +349,23 @@ class LearnerService(pb_grpc.LearnerServicer):
             raise WireError(f"finished_episodes: env {episode.env_index} names episode group {group!r}; "
                             f"this run has {list(self.run.episode_groups)}")
         return Episode(episode.env_index, dict(episode.metrics), group,
-                       episode.eval_episode if episode.HasField("eval_episode") else None, _decode_images(episode))
+                       episode.eval_episode if episode.HasField("eval_episode") else None, _decode_images(episode),
+                       self._decode_record(episode))
+
+    def _decode_record(self, episode: pb.EpisodeStats) -> dict[str, Any] | None:
+        if not episode.record:
+            return None
+        field = f"finished_episodes env {episode.env_index} record"
+        if not episode.HasField("eval_episode"):
+            raise WireError(f"{field}: records come only with eval episodes")
+        if self.run.check_episode_record is None:
+            raise WireError(f"{field}: this run's Problem takes no episode records on the learner")
+        record = decode_record(episode.record, field)
+        try:
+            self.run.check_episode_record(record)
+        except ValueError as e:
+            raise WireError(f"{field}: {e}") from None
+        return record
 
 
 @dataclasses.dataclass

@@ -150,10 +150,22 @@ class Problem:
         trajectory); None keeps nothing. Stays on the machine that plays it."""
         return None
 
-    def write_eval_records(self, records: list[dict[str, Any]], output: str) -> list[str]:
+    def write_eval_records(self, records: list[dict[str, Any]], output: str, suffix: str = "") -> list[str]:
         """Writes the eval episodes' records (in episode order) under `output`, in whatever
-        format outside tools expect; returns the files written."""
+        format outside tools expect, with `suffix` at the end of each file's stem (the
+        learner passes "_{policy_version}"); returns the files written."""
         return []
+
+    def learner_writes_eval_records(self) -> bool:
+        """Whether eval actors send each eval episode's record to the learner, which then
+        writes every complete eval round with `write_eval_records` under <logdir>/eval_records.
+        Records travel as bounded JSON (proto/episode_records.py), so keep them small."""
+        return False
+
+    def check_episode_record(self, record: Mapping[str, Any]) -> None:
+        """Raises ValueError, naming the field, for a record that `episode_record` could not
+        have made. The learner calls it on every record that comes over the wire, before
+        `write_eval_records` sees it."""
 
     # ----- specs, shared by both sides and checked at the handshake -----
 

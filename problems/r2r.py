@@ -23,7 +23,7 @@ import numpy as np
 from PIL import Image
 
 from fleetrl.agents import Agent, VLNAgent
-from fleetrl.common.settings import check_choice
+from fleetrl.common.settings import check_choice, setting
 from fleetrl.envs.r2r import R2RData, R2REnv, Vocab, read_instructions
 from fleetrl.envs.r2r.env import REWARDS
 from fleetrl.envs.r2r.graph import cached_scan_graph
@@ -59,6 +59,9 @@ class R2RConfig(ProblemConfig):
     max_conns: int = 14
     max_steps: int = 12
     reward: str = "distance"  # or "dtw"
+    results_each_eval_round: bool = setting(
+        True, "The learner writes each eval round's R2R results files, <logdir>/eval_records/"
+              "results_{split}_{policy_version}.json; eval actors send the trajectories with the episodes.")
     hidden_size: int = 128
     embedding_size: int = 64
 
@@ -125,14 +128,38 @@ class R2RProblem(Problem):
         return {f"{final_info['split']}/topdown": picture}
 
     def episode_record(self, final_info: Mapping[str, Any]) -> dict[str, Any]:
-        return {key: final_info[key]
-                for key in ("instr_id", "split", "scan", "reference", "trajectory", "headings", "elevations")}
+        record = {key: final_info[key] for key in ("instr_id", "split", "scan", "reference", "trajectory")}
+        return {**record, "headings": [float(h) for h in final_info["headings"]],
+                "elevations": [float(e) for e in final_info["elevations"]]}
 
-    def write_eval_records(self, records: list[dict[str, Any]], output: str) -> list[str]:
-        """R2R results files, `results_{split}.json` ([{"instr_id", "trajectory": [[viewpoint,
-        heading, elevation], ...]}], what R2R's scorers read, in R2R's heading convention), and a
-        top-down picture of each split's first episode. A split without goals (test) gets its
-        results file too, with a warning that its SR, SPL and the rest need the goals."""
+    def learner_writes_eval_records(self) -> bool:
+        return self.config.results_each_eval_round
+
+    def check_episode_record(self, record: Mapping[str, Any]) -> None:
+        """What write_eval_records reads: ids and viewpoints as strings, one finite heading
+        and elevation per viewpoint of the trajectory, and a split this run evaluates."""
+        for key in ("instr_id", "split", "scan"):
+            if not isinstance(record.get(key), str):
+                raise ValueError(f"record field {key!r} must be a string, got {record.get(key)!r:.80}")
+        if record["split"] not in self.config.eval_splits:
+            raise ValueError(f"record split {record['split']!r} is not one of eval_splits {self.config.eval_splits}")
+        for key in ("reference", "trajectory"):
+            value = record.get(key)
+            if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+                raise ValueError(f"record field {key!r} must be a non-empty list of viewpoint ids")
+        length = len(record["trajectory"])
+        for key in ("headings", "elevations"):
+            value = record.get(key)
+            if (not isinstance(value, list) or len(value) != length
+                    or not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value)):
+                raise ValueError(f"record field {key!r} must hold one number per trajectory viewpoint ({length})")
+
+    def write_eval_records(self, records: list[dict[str, Any]], output: str, suffix: str = "") -> list[str]:
+        """R2R results files, `results_{split}{suffix}.json` ([{"instr_id", "trajectory":
+        [[viewpoint, heading, elevation], ...]}], what R2R's scorers read, in R2R's heading
+        convention), and a top-down picture of each split's first episode. A split without
+        goals (test) gets its results file too, with a warning that its SR, SPL and the rest
+        need the goals."""
         data = self._data()
         written = []
         os.makedirs(output, exist_ok=True)
@@ -145,12 +172,12 @@ class R2RProblem(Problem):
                 log.warning("split %s has no goals (its paths hold only their start): its results file is written "
                             "and only PL and steps are reported; SR, SPL, nDTW and the rest need the goals (R2R's "
                             "evaluation server scores the file)", split)
-            path = os.path.join(output, f"results_{split}.json")
+            path = os.path.join(output, f"results_{split}{suffix}.json")
             with open(path, "w") as f:
                 json.dump(results, f)
             first = mine[0]
             graph = cached_scan_graph(data.path("connectivity"), first["scan"])
-            picture = os.path.join(output, f"topdown_{split}_{first['instr_id']}.png")
+            picture = os.path.join(output, f"topdown_{split}_{first['instr_id']}{suffix}.png")
             Image.fromarray(draw_episode(graph, first["reference"], first["trajectory"])).save(picture)
             written += [path, picture]
         return written

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66leetrl/proto/learner.proto\x12\x07\x66leetrl\"H\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x05\x64type\x18\x02 \x01(\x0e\x32\x0e.fleetrl.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\"R\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x05\x64type\x18\x02 \x01(\x0e\x32\x0e.fleetrl.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\xfe\x01\n\tHandshake\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07problem\x18\x02 \x01(\t\x12\x10\n\x08\x61\x63tor_id\x18\x03 \x01(\t\x12\x10\n\x08num_envs\x18\x04 \x01(\r\x12-\n\x10observation_spec\x18\x05 \x03(\x0b\x32\x13.fleetrl.TensorSpec\x12(\n\x0b\x61\x63tion_spec\x18\x06 \x03(\x0b\x32\x13.fleetrl.TensorSpec\x12 \n\x04mode\x18\x07 \x01(\x0e\x32\x12.fleetrl.ActorMode\x12\'\n\nextra_spec\x18\x08 \x03(\x0b\x32\x13.fleetrl.TensorSpec\"\xe2\x01\n\x0c\x45pisodeStats\x12\x11\n\tenv_index\x18\x01 \x01(\r\x12\x33\n\x07metrics\x18\x02 \x03(\x0b\x32\".fleetrl.EpisodeStats.MetricsEntry\x12\x19\n\x0c\x65val_episode\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x1f\n\x06images\x18\x04 \x03(\x0b\x32\x0f.fleetrl.Tensor\x12\r\n\x05group\x18\x05 \x01(\t\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x0f\n\r_eval_episode\"\xea\x01\n\x04Step\x12\x13\n\x0b\x65nv_indices\x18\x01 \x03(\r\x12\x0f\n\x07run_ids\x18\x02 \x03(\x04\x12%\n\x0cobservations\x18\x03 \x03(\x0b\x32\x0f.fleetrl.Tensor\x12\x0f\n\x07rewards\x18\x04 \x03(\x02\x12\x12\n\nterminated\x18\x05 \x03(\x08\x12\x11\n\ttruncated\x18\x06 \x03(\x08\x12\x30\n\x11\x66inished_episodes\x18\x07 \x03(\x0b\x32\x15.fleetrl.EpisodeStats\x12\x1f\n\x06\x65xtras\x18\n \x03(\x0b\x32\x0f.fleetrl.TensorJ\x04\x08\x08\x10\tJ\x04\x08\t\x10\n\"^\n\x0c\x41\x63torMessage\x12\'\n\thandshake\x18\x01 \x01(\x0b\x32\x12.fleetrl.HandshakeH\x00\x12\x1d\n\x04step\x18\x02 \x01(\x0b\x32\r.fleetrl.StepH\x00\x42\x06\n\x04kind\"=\n\x11HandshakeAccepted\x12\x10\n\x08run_name\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\"C\n\x07\x41\x63tions\x12 \n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x0f.fleetrl.Tensor\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\"\x1d\n\x0bRunFinished\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x97\x01\n\x0eLearnerMessage\x12.\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x1a.fleetrl.HandshakeAcceptedH\x00\x12#\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x10.fleetrl.ActionsH\x00\x12(\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x14.fleetrl.RunFinishedH\x00\x42\x06\n\x04kind\"\x10\n\x0eRunInfoRequest\"\x9d\x03\n\x07RunInfo\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07problem\x18\x02 \x01(\t\x12.\n\x07hparams\x18\x03 \x03(\x0b\x32\x1d.fleetrl.RunInfo.HparamsEntry\x12-\n\x10observation_spec\x18\x04 \x03(\x0b\x32\x13.fleetrl.TensorSpec\x12(\n\x0b\x61\x63tion_spec\x18\x05 \x03(\x0b\x32\x13.fleetrl.TensorSpec\x12\'\n\nextra_spec\x18\x06 \x03(\x0b\x32\x13.fleetrl.TensorSpec\x12\x19\n\x11num_envs_multiple\x18\x07 \x01(\r\x12\x1a\n\x12max_envs_per_actor\x18\x08 \x01(\r\x12\x16\n\x0e\x65pisode_groups\x18\t \x03(\t\x12\x19\n\x11max_message_bytes\x18\n \x01(\x04\x12\x1b\n\x13handshake_timeout_s\x18\x0b \x01(\x01\x1a.\n\x0cHparamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x0f\n\rStatusRequest\"\xeb\x02\n\x06Status\x12\x11\n\tenv_steps\x18\x01 \x01(\x04\x12\x17\n\x0f\x65nv_steps_per_s\x18\x02 \x01(\x01\x12\x10\n\x08\x65pisodes\x18\x03 \x01(\x04\x12\x1b\n\x13mean_episode_return\x18\x04 \x01(\x01\x12\x12\n\npolicy_lag\x18\x05 \x01(\x01\x12\x15\n\rtrainer_steps\x18\x06 \x01(\x04\x12\x18\n\x10\x63onnected_actors\x18\x07 \x01(\r\x12\x10\n\x08\x66inished\x18\x08 \x01(\x08\x12\x17\n\x0f\x66inished_reason\x18\t \x01(\t\x12\x10\n\x08uptime_s\x18\n \x01(\x01\x12!\n\x19mean_inference_batch_size\x18\x0b \x01(\x01\x12\x1b\n\x13\x65val_policy_version\x18\x0c \x01(\x04\x12\x18\n\x10\x65val_mean_return\x18\r \x01(\x01\x12\x13\n\x0b\x65val_rounds\x18\x0e \x01(\x04\x12\x15\n\rreturn_window\x18\x0f \x01(\r\"9\n\x0f\x45valWorkRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x14\n\x0cmax_episodes\x18\x02 \x01(\r\"l\n\x08\x45valWork\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x03 \x03(\x04\x12\x15\n\rretry_after_s\x18\x04 \x01(\x01\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08*\x85\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03\x12\x08\n\x04INT8\x10\x04\x12\t\n\x05INT16\x10\x05\x12\t\n\x05INT32\x10\x06\x12\t\n\x05INT64\x10\x07\x12\t\n\x05UINT8\x10\x08\x12\x08\n\x04\x42OOL\x10\t* \n\tActorMode\x12\t\n\x05TRAIN\x10\x00\x12\x08\n\x04\x45VAL\x10\x01\x32\xf2\x01\n\x07Learner\x12<\n\x06Stream\x12\x15.fleetrl.ActorMessage\x1a\x17.fleetrl.LearnerMessage(\x01\x30\x01\x12\x37\n\nGetRunInfo\x12\x17.fleetrl.RunInfoRequest\x1a\x10.fleetrl.RunInfo\x12\x34\n\tGetStatus\x12\x16.fleetrl.StatusRequest\x1a\x0f.fleetrl.Status\x12:\n\x0bGetEvalWork\x12\x18.fleetrl.EvalWorkRequest\x1a\x11.fleetrl.EvalWorkb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1b\x66leetrl/proto/learner.proto\x12\x07\x66leetrl\"H\n\nTensorSpec\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x05\x64type\x18\x02 \x01(\x0e\x32\x0e.fleetrl.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\"R\n\x06Tensor\x12\x0c\n\x04name\x18\x01 \x01(\t\x12\x1d\n\x05\x64type\x18\x02 \x01(\x0e\x32\x0e.fleetrl.DType\x12\r\n\x05shape\x18\x03 \x03(\x03\x12\x0c\n\x04\x64\x61ta\x18\x04 \x01(\x0c\"\xfe\x01\n\tHandshake\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07problem\x18\x02 \x01(\t\x12\x10\n\x08\x61\x63tor_id\x18\x03 \x01(\t\x12\x10\n\x08num_envs\x18\x04 \x01(\r\x12-\n\x10observation_spec\x18\x05 \x03(\x0b\x32\x13.fleetrl.TensorSpec\x12(\n\x0b\x61\x63tion_spec\x18\x06 \x03(\x0b\x32\x13.fleetrl.TensorSpec\x12 \n\x04mode\x18\x07 \x01(\x0e\x32\x12.fleetrl.ActorMode\x12\'\n\nextra_spec\x18\x08 \x03(\x0b\x32\x13.fleetrl.TensorSpec\"\xf2\x01\n\x0c\x45pisodeStats\x12\x11\n\tenv_index\x18\x01 \x01(\r\x12\x33\n\x07metrics\x18\x02 \x03(\x0b\x32\".fleetrl.EpisodeStats.MetricsEntry\x12\x19\n\x0c\x65val_episode\x18\x03 \x01(\x04H\x00\x88\x01\x01\x12\x1f\n\x06images\x18\x04 \x03(\x0b\x32\x0f.fleetrl.Tensor\x12\r\n\x05group\x18\x05 \x01(\t\x12\x0e\n\x06record\x18\x06 \x01(\x0c\x1a.\n\x0cMetricsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x42\x0f\n\r_eval_episode\"\xea\x01\n\x04Step\x12\x13\n\x0b\x65nv_indices\x18\x01 \x03(\r\x12\x0f\n\x07run_ids\x18\x02 \x03(\x04\x12%\n\x0cobservations\x18\x03 \x03(\x0b\x32\x0f.fleetrl.Tensor\x12\x0f\n\x07rewards\x18\x04 \x03(\x02\x12\x12\n\nterminated\x18\x05 \x03(\x08\x12\x11\n\ttruncated\x18\x06 \x03(\x08\x12\x30\n\x11\x66inished_episodes\x18\x07 \x03(\x0b\x32\x15.fleetrl.EpisodeStats\x12\x1f\n\x06\x65xtras\x18\n \x03(\x0b\x32\x0f.fleetrl.TensorJ\x04\x08\x08\x10\tJ\x04\x08\t\x10\n\"^\n\x0c\x41\x63torMessage\x12\'\n\thandshake\x18\x01 \x01(\x0b\x32\x12.fleetrl.HandshakeH\x00\x12\x1d\n\x04step\x18\x02 \x01(\x0b\x32\r.fleetrl.StepH\x00\x42\x06\n\x04kind\"=\n\x11HandshakeAccepted\x12\x10\n\x08run_name\x18\x01 \x01(\t\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\"C\n\x07\x41\x63tions\x12 \n\x07\x61\x63tions\x18\x01 \x03(\x0b\x32\x0f.fleetrl.Tensor\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\"\x1d\n\x0bRunFinished\x12\x0e\n\x06reason\x18\x01 \x01(\t\"\x97\x01\n\x0eLearnerMessage\x12.\n\x08\x61\x63\x63\x65pted\x18\x01 \x01(\x0b\x32\x1a.fleetrl.HandshakeAcceptedH\x00\x12#\n\x07\x61\x63tions\x18\x02 \x01(\x0b\x32\x10.fleetrl.ActionsH\x00\x12(\n\x08\x66inished\x18\x03 \x01(\x0b\x32\x14.fleetrl.RunFinishedH\x00\x42\x06\n\x04kind\"\x10\n\x0eRunInfoRequest\"\x9d\x03\n\x07RunInfo\x12\x18\n\x10protocol_version\x18\x01 \x01(\r\x12\x0f\n\x07problem\x18\x02 \x01(\t\x12.\n\x07hparams\x18\x03 \x03(\x0b\x32\x1d.fleetrl.RunInfo.HparamsEntry\x12-\n\x10observation_spec\x18\x04 \x03(\x0b\x32\x13.fleetrl.TensorSpec\x12(\n\x0b\x61\x63tion_spec\x18\x05 \x03(\x0b\x32\x13.fleetrl.TensorSpec\x12\'\n\nextra_spec\x18\x06 \x03(\x0b\x32\x13.fleetrl.TensorSpec\x12\x19\n\x11num_envs_multiple\x18\x07 \x01(\r\x12\x1a\n\x12max_envs_per_actor\x18\x08 \x01(\r\x12\x16\n\x0e\x65pisode_groups\x18\t \x03(\t\x12\x19\n\x11max_message_bytes\x18\n \x01(\x04\x12\x1b\n\x13handshake_timeout_s\x18\x0b \x01(\x01\x1a.\n\x0cHparamsEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x0f\n\rStatusRequest\"\xeb\x02\n\x06Status\x12\x11\n\tenv_steps\x18\x01 \x01(\x04\x12\x17\n\x0f\x65nv_steps_per_s\x18\x02 \x01(\x01\x12\x10\n\x08\x65pisodes\x18\x03 \x01(\x04\x12\x1b\n\x13mean_episode_return\x18\x04 \x01(\x01\x12\x12\n\npolicy_lag\x18\x05 \x01(\x01\x12\x15\n\rtrainer_steps\x18\x06 \x01(\x04\x12\x18\n\x10\x63onnected_actors\x18\x07 \x01(\r\x12\x10\n\x08\x66inished\x18\x08 \x01(\x08\x12\x17\n\x0f\x66inished_reason\x18\t \x01(\t\x12\x10\n\x08uptime_s\x18\n \x01(\x01\x12!\n\x19mean_inference_batch_size\x18\x0b \x01(\x01\x12\x1b\n\x13\x65val_policy_version\x18\x0c \x01(\x04\x12\x18\n\x10\x65val_mean_return\x18\r \x01(\x01\x12\x13\n\x0b\x65val_rounds\x18\x0e \x01(\x04\x12\x15\n\rreturn_window\x18\x0f \x01(\r\"9\n\x0f\x45valWorkRequest\x12\x10\n\x08\x61\x63tor_id\x18\x01 \x01(\t\x12\x14\n\x0cmax_episodes\x18\x02 \x01(\r\"l\n\x08\x45valWork\x12\r\n\x05round\x18\x01 \x01(\x04\x12\x16\n\x0epolicy_version\x18\x02 \x01(\x04\x12\x10\n\x08\x65pisodes\x18\x03 \x03(\x04\x12\x15\n\rretry_after_s\x18\x04 \x01(\x01\x12\x10\n\x08\x66inished\x18\x05 \x01(\x08*\x85\x01\n\x05\x44Type\x12\x15\n\x11\x44TYPE_UNSPECIFIED\x10\x00\x12\x0b\n\x07\x46LOAT32\x10\x01\x12\x0b\n\x07\x46LOAT64\x10\x02\x12\x0b\n\x07\x46LOAT16\x10\x03\x12\x08\n\x04INT8\x10\x04\x12\t\n\x05INT16\x10\x05\x12\t\n\x05INT32\x10\x06\x12\t\n\x05INT64\x10\x07\x12\t\n\x05UINT8\x10\x08\x12\x08\n\x04\x42OOL\x10\t* \n\tActorMode\x12\t\n\x05TRAIN\x10\x00\x12\x08\n\x04\x45VAL\x10\x01\x32\xf2\x01\n\x07Learner\x12<\n\x06Stream\x12\x15.fleetrl.ActorMessage\x1a\x17.fleetrl.LearnerMessage(\x01\x30\x01\x12\x37\n\nGetRunInfo\x12\x17.fleetrl.RunInfoRequest\x1a\x10.fleetrl.RunInfo\x12\x34\n\tGetStatus\x12\x16.fleetrl.StatusRequest\x1a\x0f.fleetrl.Status\x12:\n\x0bGetEvalWork\x12\x18.fleetrl.EvalWorkRequest\x1a\x11.fleetrl.EvalWorkb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -35,10 +35,10 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_EPISODESTATS_METRICSENTRY']._serialized_options = b'8\001'
   _globals['_RUNINFO_HPARAMSENTRY']._loaded_options = None
   _globals['_RUNINFO_HPARAMSENTRY']._serialized_options = b'8\001'
-  _globals['_DTYPE']._serialized_start=2321
-  _globals['_DTYPE']._serialized_end=2454
-  _globals['_ACTORMODE']._serialized_start=2456
-  _globals['_ACTORMODE']._serialized_end=2488
+  _globals['_DTYPE']._serialized_start=2337
+  _globals['_DTYPE']._serialized_end=2470
+  _globals['_ACTORMODE']._serialized_start=2472
+  _globals['_ACTORMODE']._serialized_end=2504
   _globals['_TENSORSPEC']._serialized_start=40
   _globals['_TENSORSPEC']._serialized_end=112
   _globals['_TENSOR']._serialized_start=114
@@ -46,35 +46,35 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_HANDSHAKE']._serialized_start=199
   _globals['_HANDSHAKE']._serialized_end=453
   _globals['_EPISODESTATS']._serialized_start=456
-  _globals['_EPISODESTATS']._serialized_end=682
-  _globals['_EPISODESTATS_METRICSENTRY']._serialized_start=619
-  _globals['_EPISODESTATS_METRICSENTRY']._serialized_end=665
-  _globals['_STEP']._serialized_start=685
-  _globals['_STEP']._serialized_end=919
-  _globals['_ACTORMESSAGE']._serialized_start=921
-  _globals['_ACTORMESSAGE']._serialized_end=1015
-  _globals['_HANDSHAKEACCEPTED']._serialized_start=1017
-  _globals['_HANDSHAKEACCEPTED']._serialized_end=1078
-  _globals['_ACTIONS']._serialized_start=1080
-  _globals['_ACTIONS']._serialized_end=1147
-  _globals['_RUNFINISHED']._serialized_start=1149
-  _globals['_RUNFINISHED']._serialized_end=1178
-  _globals['_LEARNERMESSAGE']._serialized_start=1181
-  _globals['_LEARNERMESSAGE']._serialized_end=1332
-  _globals['_RUNINFOREQUEST']._serialized_start=1334
-  _globals['_RUNINFOREQUEST']._serialized_end=1350
-  _globals['_RUNINFO']._serialized_start=1353
-  _globals['_RUNINFO']._serialized_end=1766
-  _globals['_RUNINFO_HPARAMSENTRY']._serialized_start=1720
-  _globals['_RUNINFO_HPARAMSENTRY']._serialized_end=1766
-  _globals['_STATUSREQUEST']._serialized_start=1768
-  _globals['_STATUSREQUEST']._serialized_end=1783
-  _globals['_STATUS']._serialized_start=1786
-  _globals['_STATUS']._serialized_end=2149
-  _globals['_EVALWORKREQUEST']._serialized_start=2151
-  _globals['_EVALWORKREQUEST']._serialized_end=2208
-  _globals['_EVALWORK']._serialized_start=2210
-  _globals['_EVALWORK']._serialized_end=2318
-  _globals['_LEARNER']._serialized_start=2491
-  _globals['_LEARNER']._serialized_end=2733
+  _globals['_EPISODESTATS']._serialized_end=698
+  _globals['_EPISODESTATS_METRICSENTRY']._serialized_start=635
+  _globals['_EPISODESTATS_METRICSENTRY']._serialized_end=681
+  _globals['_STEP']._serialized_start=701
+  _globals['_STEP']._serialized_end=935
+  _globals['_ACTORMESSAGE']._serialized_start=937
+  _globals['_ACTORMESSAGE']._serialized_end=1031
+  _globals['_HANDSHAKEACCEPTED']._serialized_start=1033
+  _globals['_HANDSHAKEACCEPTED']._serialized_end=1094
+  _globals['_ACTIONS']._serialized_start=1096
+  _globals['_ACTIONS']._serialized_end=1163
+  _globals['_RUNFINISHED']._serialized_start=1165
+  _globals['_RUNFINISHED']._serialized_end=1194
+  _globals['_LEARNERMESSAGE']._serialized_start=1197
+  _globals['_LEARNERMESSAGE']._serialized_end=1348
+  _globals['_RUNINFOREQUEST']._serialized_start=1350
+  _globals['_RUNINFOREQUEST']._serialized_end=1366
+  _globals['_RUNINFO']._serialized_start=1369
+  _globals['_RUNINFO']._serialized_end=1782
+  _globals['_RUNINFO_HPARAMSENTRY']._serialized_start=1736
+  _globals['_RUNINFO_HPARAMSENTRY']._serialized_end=1782
+  _globals['_STATUSREQUEST']._serialized_start=1784
+  _globals['_STATUSREQUEST']._serialized_end=1799
+  _globals['_STATUS']._serialized_start=1802
+  _globals['_STATUS']._serialized_end=2165
+  _globals['_EVALWORKREQUEST']._serialized_start=2167
+  _globals['_EVALWORKREQUEST']._serialized_end=2224
+  _globals['_EVALWORK']._serialized_start=2226
+  _globals['_EVALWORK']._serialized_end=2334
+  _globals['_LEARNER']._serialized_start=2507
+  _globals['_LEARNER']._serialized_end=2749
 # @@protoc_insertion_point(module_scope)

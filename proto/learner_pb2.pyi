@@ -80,7 +80,7 @@ class Handshake(_message.Message):
     def __init__(self, protocol_version: _Optional[int] = ..., problem: _Optional[str] = ..., actor_id: _Optional[str] = ..., num_envs: _Optional[int] = ..., observation_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., mode: _Optional[_Union[ActorMode, str]] = ..., extra_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ...) -> None: ...
 
 class EpisodeStats(_message.Message):
-    __slots__ = ("env_index", "metrics", "eval_episode", "images", "group")
+    __slots__ = ("env_index", "metrics", "eval_episode", "images", "group", "record")
     class MetricsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -93,12 +93,14 @@ class EpisodeStats(_message.Message):
     EVAL_EPISODE_FIELD_NUMBER: _ClassVar[int]
     IMAGES_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
+    RECORD_FIELD_NUMBER: _ClassVar[int]
     env_index: int
     metrics: _containers.ScalarMap[str, float]
     eval_episode: int
     images: _containers.RepeatedCompositeFieldContainer[Tensor]
     group: str
-    def __init__(self, env_index: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., eval_episode: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., group: _Optional[str] = ...) -> None: ...
+    record: bytes
+    def __init__(self, env_index: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., eval_episode: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., group: _Optional[str] = ..., record: _Optional[bytes] = ...) -> None: ...
 
 class Step(_message.Message):
     __slots__ = ("env_indices", "run_ids", "observations", "rewards", "terminated", "truncated", "finished_episodes", "extras")

@@ -194,14 +194,20 @@ def test_the_readers_take_real_r2r_files(tmp_path):
     graphs = {scan: load_scan_graph(os.path.join(SAMPLE, "connectivity"), scan) for scan in {e.scan for e in episodes}}
     check_paths(episodes, graphs, "sample")
     entries = json.load(open(os.path.join(SAMPLE, "R2R_3scans.json")))
+    poses = {scan: {v["image_id"]: v["pose"] for v in json.load(open(os.path.join(SAMPLE, "connectivity",
+                                                                                  f"{scan}_connectivity.json")))}
+             for scan in graphs}
     for entry in entries:
         graph = graphs[entry["scan"]]
         walked = sum(graph.distance(a, b) for a, b in zip(entry["path"][:-1], entry["path"][1:]))
         assert walked == pytest.approx(entry["distance"], abs=0.05)  # R2R's own path lengths
         for a, b in zip(entry["path"][:-1], entry["path"][1:]):
             assert b in graph.neighbours(a)
-            # R2R's headings on real poses: [0, 2π), and the way back faces the opposite way.
-            assert 0 <= graph.heading(a, b) < 2 * np.pi
+            # R2R's headings on real poses: [0, 2π), 0 facing +y and turning clockwise (toward
+            # +x), read here straight from the poses' translations; the way back faces the other way.
+            pose_a, pose_b = poses[entry["scan"]][a], poses[entry["scan"]][b]
+            known = np.arctan2(pose_b[3] - pose_a[3], pose_b[7] - pose_a[7]) % (2 * np.pi)
+            assert graph.heading(a, b) == pytest.approx(known, abs=1e-9) and 0 <= graph.heading(a, b) < 2 * np.pi
             assert graph.heading(b, a) == pytest.approx((graph.heading(a, b) + np.pi) % (2 * np.pi), abs=1e-9)
     vocab = Vocab.read(os.path.join(SAMPLE, "vocab.txt"))
     ids = vocab.encode(episodes[0].instruction, 80)
@@ -290,3 +296,86 @@ def test_results_files_carry_r2r_headings_and_view_elevations_and_a_goal_less_sp
             assert heading == pytest.approx(graph.heading(a, b)) and 0 <= heading < 2 * np.pi
             assert elevation in (-np.pi / 6, 0.0, np.pi / 6)
         assert result["trajectory"][0][2] == 0.0
+
+
+def test_the_learners_eval_rounds_write_r2r_results_files_named_by_policy_version(synthetic, tmp_path, serve):
+    """Eval actors send each episode's trajectory as a record; the learner writes every round
+    as R2R results files, the goal-less test split included."""
+    import threading
+    import time
+
+    from fleetrl.actor.actor import Actor
+    from fleetrl.actor.config import ActorConfig
+
+    data = goal_less_copy(synthetic, tmp_path)
+    learner = serve(problem="r2r", hparams={"data_dir": data, "eval_splits": "[test,val_unseen]", "max_steps": "4"},
+                    eval_interval_s=1.0)
+    actor = threading.Thread(target=Actor(ActorConfig(learner_address=learner.address, mode="eval", num_envs=8)).run,
+                             daemon=True)
+    actor.start()
+    log = os.path.join(learner.config.logdir, "eval.jsonl")
+    deadline = time.monotonic() + 120
+    while not os.path.exists(log) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    first_round = json.loads(open(log).readline())
+    version = first_round["policy_version"]
+    records = os.path.join(learner.config.logdir, "eval_records")
+    for split in ("test", "val_unseen"):
+        path = os.path.join(records, f"results_{split}_{version}.json")
+        while not os.path.exists(path) and time.monotonic() < deadline:  # written just after eval.jsonl
+            time.sleep(0.1)
+        results = json.load(open(path))
+        instructions = read_instructions(os.path.join(data, f"R2R_{split}.json"))
+        assert sorted(r["instr_id"] for r in results) == sorted(e.instr_id for e in instructions)
+        starts = {e.instr_id: e.path[0] for e in instructions}
+        for result in results:
+            assert result["trajectory"][0][0] == starts[result["instr_id"]]
+            assert 1 <= len(result["trajectory"]) <= 5  # the start and at most max_steps moves
+            assert all(len(step) == 3 and 0 <= step[1] < 2 * np.pi for step in result["trajectory"])
+    assert set(first_round) >= {"test/PL", "test/steps", "val_unseen/SR"} and "test/SR" not in first_round
+
+
+def test_the_learner_refuses_episode_records_that_are_malformed_or_not_asked_for(synthetic, tmp_path, serve):
+    from fleetrl.proto import learner_pb2 as pb
+    from fleetrl.proto.episode_records import MAX_RECORD_BYTES
+    from fleetrl.proto.tensors import WireError
+
+    out, _ = synthetic
+    learner = serve(problem="r2r", hparams={"data_dir": out, "max_steps": "4"})
+    good = {"instr_id": "7_0", "split": "val_unseen", "scan": "s", "reference": ["a", "b"], "trajectory": ["a", "c"],
+            "headings": [0.5, 1.0], "elevations": [0.0, 0.0]}
+
+    def decode(record: bytes, eval_episode: int | None = 3, service=learner.service):
+        return service._decode_episode(pb.EpisodeStats(env_index=0, eval_episode=eval_episode, record=record), 8)
+
+    assert decode(json.dumps(good).encode()).record == good
+    cases = [(json.dumps(good).encode(), None, "records come only with eval episodes"),
+             (b"\xff{", 3, "not a UTF-8 JSON object"),
+             (b'{"a": NaN}', 3, "NaN is not a finite number"),
+             (b"[1, 2]", 3, "a record must be a JSON object, got list"),
+             (b"[" * 50_000 + b"]" * 50_000, 3, "over the limit of 65,536"),
+             (b"[" * 30_000 + b"]" * 30_000, 3, "not a UTF-8 JSON object"),
+             (json.dumps({**good, "split": "train"}).encode(), 3, "split 'train' is not one of eval_splits"),
+             (json.dumps({**good, "headings": [0.5]}).encode(), 3, "one number per trajectory viewpoint \\(2\\)"),
+             (json.dumps({**good, "trajectory": []}).encode(), 3, "'trajectory' must be a non-empty list"),
+             (json.dumps({**good, "instr_id": 7}).encode(), 3, "'instr_id' must be a string")]
+    for record, eval_episode, why in cases:
+        with pytest.raises(WireError, match=why):
+            decode(record, eval_episode)
+    assert len(b"[" * 50_000 + b"]" * 50_000) > MAX_RECORD_BYTES
+    cartpole = serve(problem="cartpole")
+    with pytest.raises(WireError, match="this run's Problem takes no episode records"):
+        decode(json.dumps(good).encode(), service=cartpole.service)
+
+
+def test_an_episode_record_that_cannot_travel_is_refused_where_it_is_made():
+    from fleetrl.proto.episode_records import encode_record
+
+    assert json.loads(encode_record({"trajectory": ["a"], "headings": [0.5]})) == {"trajectory": ["a"],
+                                                                                    "headings": [0.5]}
+    with pytest.raises(ValueError, match="finite numbers, strings and lists"):
+        encode_record({"heading": float("nan")})
+    with pytest.raises(ValueError, match="finite numbers, strings and lists"):
+        encode_record({"features": np.zeros(3, np.float32)})
+    with pytest.raises(ValueError, match="over the limit of 65,536; keep Problem.episode_record to a summary"):
+        encode_record({"trajectory": ["a" * 32] * 3000})
