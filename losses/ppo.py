@@ -35,9 +35,9 @@ def ppo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: t
     `valid`). Advantages, returns and the old values carry no gradient."""
     value_valid = valid if value_valid is None else value_valid
     entropy_valid = valid if entropy_valid is None else entropy_valid
+    mean = masked_mean(advantages, valid)
+    std = masked_mean((advantages - mean) ** 2, valid).sqrt()
     if config.normalize_advantages:
-        mean = masked_mean(advantages, valid)
-        std = masked_mean((advantages - mean) ** 2, valid).sqrt()
         advantages = (advantages - mean) / (std + 1e-8)
     log_ratio = log_probs - old_log_probs
     ratio = torch.exp(log_ratio)
@@ -67,6 +67,7 @@ def ppo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: t
             "loss/policy": policy_loss.detach(),
             "loss/value": value_loss.detach(),
             "policy/entropy": mean_entropy.detach(),
+            "policy/advantage_std": std,  # before normalization: how much signal the batch carries
             "ppo/approx_kl": masked_mean((ratio - 1) - log_ratio, valid),
             "ppo/clip_fraction": masked_mean(((ratio < 1 - config.clip_eps_low) |
                                               (ratio > 1 + config.clip_eps_high)).float(), valid),
