@@ -7,7 +7,7 @@ STAMP := $(VENV)/.fleetrl-installed
 LOGDIR ?=
 RUN_FLAGS ?=
 
-.PHONY: run tensorboard evaluate test test-fast lint install libero proto bench bench-peers clean
+.PHONY: run tensorboard evaluate test test-fast lint install libero proto bench bench-peers bench-classic clean
 
 install: $(STAMP)
 
@@ -82,6 +82,11 @@ $(PEERS_STAMP):
 
 bench-peers: install $(PEERS_STAMP)
 	$(PY) -m fleetrl.bench.peers --peers_python=$(PEERS_VENV)/bin/python
+
+# Classic control with the defaults, beside CleanRL's PPO; LunarLander needs Box2D.
+bench-classic: install
+	$(PY) -m pip install --quiet -e '.[box2d]'
+	$(PY) -m fleetrl.bench.classic_control
 
 clean:
 	rm -rf $(VENV) $(PEERS_VENV) runs
