@@ -241,6 +241,33 @@ def test_numberline_is_learned_from_pixels_through_the_whole_system(tmp_path, lo
     assert metrics["metrics"]["success"] >= 0.9, metrics
 
 
+@pytest.mark.slow
+def test_ezpoints_is_learned_from_the_solver_then_with_rl(tmp_path, local_run):
+    """The recipe of docs/gym_cards.md: imitate the solver alone, then warm-start a run
+    that mixes PPO with teacher-forced episodes. RL alone stays at 0%; this reached 79.6% on
+    1,000 greedy eval episodes. No teacher at eval."""
+
+    process, tag = local_run.start(tmp_path / "imitate", "--problem=gym_cards/ezpoints", "--seed=0",
+                                   "--teacher_forcing_fraction=1", "--algorithm=supervised",
+                                   "--total_env_steps=20000")
+    code, output = local_run.finish(process, tag)
+    assert code == 0, output
+    process, tag = local_run.start(tmp_path / "rl", "--problem=gym_cards/ezpoints", "--seed=0",
+                                   "--teacher_forcing_fraction=0.5", f"--init_checkpoint={tmp_path / 'imitate'}",
+                                   "--total_env_steps=15000")
+    code, output = local_run.finish(process, tag)
+    assert code == 0, output
+    latest = sorted((tmp_path / "rl" / "checkpoints").glob("ckpt-*.pt"))[-1]
+    assert torch.load(latest, weights_only=True)["learner_config"]["init_checkpoint"] == str(tmp_path / "imitate")
+    result = subprocess.run([sys.executable, "-m", "fleetrl.launch.evaluate", f"--checkpoint={tmp_path / 'rl'}",
+                             "--episodes=300", "--num_envs=32", f"--output={tmp_path / 'eval-300'}"],
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads((tmp_path / "eval-300" / "metrics.json").read_text())
+    assert metrics["episodes"] == 300 and metrics["hparams"]["teacher_forcing_fraction"] == "0.5"
+    assert metrics["metrics"]["success"] >= 0.4, metrics["metrics"]
+
+
 # ----- the solvers: teacher forcing's oracles and the warm starts' demonstrations -----
 
 @pytest.mark.parametrize("env_id,kwargs", [("fleetrl/NumberLine-v0", {}), ("fleetrl/EZPoints-v0", {}),
