@@ -52,7 +52,7 @@ class Trainer:
         if batch.batch_size % (self.minibatches * self.accumulation_steps):
             raise ValueError(f"batch_size {batch.batch_size} does not split into {self.minibatches} minibatches "
                              f"of {self.accumulation_steps} microbatches")
-        logs: dict[str, float] = {}
+        steps: list[dict[str, float]] = []
         with self.policy.lock if self.block_inference else contextlib.nullcontext():
             lag = self.policy.version - batch.policy_version[:-1].float().mean()
             prepared = self.algorithm.prepare(self.problem, batch)
@@ -64,9 +64,16 @@ class Trainer:
                     minibatches = [(batch.select(i), {k: v[:, i] for k, v in prepared.items()})
                                    for i in order.chunk(self.minibatches)]
                 for minibatch, minibatch_prepared in minibatches:
-                    step_logs = self._step(minibatch, minibatch_prepared)
-                    for name, value in step_logs.items():
-                        logs[name] = logs.get(name, 0.0) + value / (self.epochs * self.minibatches)
+                    steps.append(self._step(minibatch, minibatch_prepared))
+                    if steps[-1].get("ppo/stopped_early"):
+                        break
+                if steps[-1].get("ppo/stopped_early"):
+                    break
+        names = {name for step in steps for name in step}
+        logs = {name: sum(step[name] for step in steps if name in step) / sum(name in step for step in steps)
+                for name in names}
+        if "ppo/stopped_early" in logs:  # per batch: whether --target_kl cut it short
+            logs["ppo/stopped_early"] = steps[-1]["ppo/stopped_early"]
         self.last_policy_lag = float(lag) / (self.epochs * self.minibatches)
         logs["learner/policy_lag_updates"] = self.last_policy_lag
         return logs
@@ -84,6 +91,12 @@ class Trainer:
             (loss if parts == 1 else loss / parts).backward()
             for name, value in logs.items():
                 summaries[name] = summaries.get(name, 0.0) + float(value) / parts
+        target_kl = self.problem.config.target_kl
+        if target_kl is not None and "ppo/approx_kl" in summaries:
+            # This batch has moved the policy far enough: no step on it (SB3's check, before the step).
+            summaries["ppo/stopped_early"] = float(summaries["ppo/approx_kl"] > 1.5 * target_kl)
+            if summaries["ppo/stopped_early"]:
+                return summaries
         grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.problem.config.max_grad_norm)
         with self.policy.lock:  # the only write to the weights; the version counts these steps
             self.optimizer.step()

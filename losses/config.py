@@ -42,6 +42,9 @@ class LossConfig:
     value_huber_delta: float | None = setting(None, "The Huber loss with this delta for the value; none: squared "
                                                     "error.")
     normalize_advantages: bool = setting(True, "PPO: normalize advantages over each minibatch's valid steps.")
+    target_kl: float | None = setting(
+        None, "PPO: a batch's remaining epochs and minibatches are skipped once a minibatch's approx KL from the "
+              "policy that acted exceeds 1.5 x this (as SB3 and CleanRL do); none: off.")
 
     # Action chunks (fleetrl.losses.chunks).
     reward_type: str = setting("chunk_level", "With action chunks: chunk_level trains on one reward per step (the "
@@ -70,6 +73,7 @@ class LossConfig:
         check_range("reward_scale", self.reward_scale, low=0, low_open=True)
         for name in ("gae_lambda", "lambda_"):
             check_range(name, getattr(self, name), low=0, high=1)
+        check_range("target_kl", self.target_kl, low=0, low_open=True)
         for name in ("clip_eps_low", "clip_eps_high"):
             check_range(name, getattr(self, name), low=0)
         check_range("dual_clip", self.dual_clip, low=1, low_open=True)

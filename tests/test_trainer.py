@@ -36,6 +36,25 @@ def test_ppo_takes_epochs_times_minibatches_steps_over_whole_unrolls(unroll_batc
     assert {"ppo/approx_kl", "ppo/clip_fraction", "value/explained_variance", "loss/value"} <= set(logs)
 
 
+def test_target_kl_stops_a_batch_before_the_step_that_would_go_past_it(unroll_batch):
+    """The KL is checked before each step, as SB3 does: the step whose minibatch is already
+    past 1.5 x target_kl is not taken, and neither are the batch's later ones."""
+    problem = load_problem("cartpole", {"algorithm": "ppo", "epochs": "4", "minibatches": "2", "learning_rate": "0.05",
+                                        "target_kl": "0.001"})
+    agent = problem.make_agent()
+    batch = unroll_batch(problem, agent)
+    trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(),
+                      torch.device("cpu"))
+    logs = trainer.update(batch)
+    # The first step starts at KL 0 (the batch's own policy); a step at this rate overshoots.
+    assert 1 <= trainer.policy.version < 8 and logs["ppo/stopped_early"] == 1.0
+    unlimited = load_problem("cartpole", {"algorithm": "ppo", "epochs": "4", "minibatches": "2",
+                                          "learning_rate": "0.05"})
+    trainer = Trainer(unlimited, agent, unlimited.make_optimizer(agent.parameters()), PolicyVersion(),
+                      torch.device("cpu"))
+    assert "ppo/stopped_early" not in trainer.update(batch) and trainer.policy.version == 8
+
+
 def test_blocking_inference_holds_the_policy_lock_for_the_whole_update(unroll_batch):
     problem = load_problem("cartpole", {"algorithm": "ppo", "epochs": "2", "minibatches": "2"})
     agent = problem.make_agent()
