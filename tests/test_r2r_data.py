@@ -304,14 +304,21 @@ def test_the_learners_eval_rounds_write_r2r_results_files_named_by_policy_versio
     import threading
     import time
 
-    from fleetrl.actor.actor import Actor
+    from fleetrl.actor.actor import Actor, ActorError
     from fleetrl.actor.config import ActorConfig
 
     data = goal_less_copy(synthetic, tmp_path)
     learner = serve(problem="r2r", hparams={"data_dir": data, "eval_splits": "[test,val_unseen]", "max_steps": "4"},
                     eval_interval_s=1.0)
-    actor = threading.Thread(target=Actor(ActorConfig(learner_address=learner.address, mode="eval", num_envs=8)).run,
-                             daemon=True)
+    eval_actor = Actor(ActorConfig(learner_address=learner.address, mode="eval", num_envs=8, max_reconnect_s=5))
+
+    def play():
+        try:
+            eval_actor.run()
+        except ActorError:  # the learner stopped before it could say so: fine once the test is over
+            pass
+
+    actor = threading.Thread(target=play, daemon=True)
     actor.start()
     log = os.path.join(learner.config.logdir, "eval.jsonl")
     deadline = time.monotonic() + 120
@@ -333,6 +340,9 @@ def test_the_learners_eval_rounds_write_r2r_results_files_named_by_policy_versio
             assert 1 <= len(result["trajectory"]) <= 5  # the start and at most max_steps moves
             assert all(len(step) == 3 and 0 <= step[1] < 2 * np.pi for step in result["trajectory"])
     assert set(first_round) >= {"test/PL", "test/steps", "val_unseen/SR"} and "test/SR" not in first_round
+    learner.finish("test over")
+    actor.join(timeout=30)
+    assert not actor.is_alive()
 
 
 def test_the_learner_refuses_episode_records_that_are_malformed_or_not_asked_for(synthetic, tmp_path, serve):
