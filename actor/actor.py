@@ -7,7 +7,10 @@ deterministic actions, and asks again.
 The actor holds no model and no trajectory: the learner keeps every env's recurrent state
 and partial unroll. If the stream breaks because the learner is unreachable, the actor
 reconnects with exponential backoff and jitter, resending the step that was not answered,
-for up to `max_reconnect_s`. A rejection (bad handshake, bad message) is final.
+for up to `max_reconnect_s`. A resent step keeps its sequence number, so the learner counts
+its finished episodes once even if it had read it before the break. A rejection (bad
+handshake, bad message) is final, except that after a break the learner may still hold
+this actor's old stream for a moment (ALREADY_EXISTS), which is waited out like a break.
 """
 
 from __future__ import annotations
@@ -62,7 +65,9 @@ class Actor:
             raise ActorError(str(e)) from None
         self._stub = pb_grpc.LearnerStub(self._channel)
         self._problem = problem
-        self.steps_sent = 0
+        self.steps_sent = 0  # steps answered by the learner
+        self.episodes_sent = 0  # finished episodes in those steps: what the learner counted
+        self._connected_once = False
 
     def run(self, max_steps: int | None = None) -> None:
         """Acts until the learner ends the run (or for `max_steps` steps). Raises ActorError on failure."""
@@ -141,6 +146,7 @@ class Actor:
                     return True
                 group = waiting.popleft()
                 self.steps_sent += 1
+                self.episodes_sent += len(group.step.finished_episodes)
                 actions = decode_all(reply.actions.actions, action_specs, group.size, "action")
                 group.act(actions[action_specs[0].name] if len(action_specs) == 1 else actions)
                 send(group)
@@ -192,6 +198,7 @@ class Actor:
         try:
             if next(responses).WhichOneof("kind") == "finished":
                 return True
+            self._connected_once = True
             return play(requests, responses)
         finally:
             requests.put(None)
@@ -206,7 +213,9 @@ class Actor:
                 return call()
             except grpc.RpcError as e:
                 code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
-                if code not in _RETRYABLE:
+                # Our own stream from before a break, which the learner has not yet seen end.
+                lingering = code == grpc.StatusCode.ALREADY_EXISTS and self._connected_once
+                if code not in _RETRYABLE and not lingering:
                     raise ActorError(f"the learner at {self.config.learner_address} refused actor "
                                      f"{self.actor_id}: {code.name}: {e.details()}") from None
                 if self.steps_sent > sent_before:  # progress was made: the budget starts again

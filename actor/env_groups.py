@@ -55,6 +55,7 @@ class EnvGroup:
         self.run_ids = run_ids
         self._extra_specs = problem.extra_specs()
         self._tracker = EpisodeTracker(self.size, problem)
+        self._sequence = 0  # numbers this group's steps, so the learner counts a resent one's episodes once
         obs, info = envs.reset(seed=[int(s) for s in first_reset_seeds])
         zeros = np.zeros(self.size, bool)
         self.step = self._message(obs, np.zeros(self.size, np.float32), zeros, zeros, [], info)
@@ -69,9 +70,12 @@ class EnvGroup:
 
     def _message(self, obs, reward, terminated, truncated, episodes: list[pb.EpisodeStats],
                  info: Mapping[str, Any]) -> pb.Step:
-        return step_message(obs, reward, terminated, truncated, self.run_ids, episodes,
+        self._sequence += 1
+        step = step_message(obs, reward, terminated, truncated, self.run_ids, episodes,
                             vector_extras(info, self._extra_specs, self.size),
                             range(self.start, self.start + self.size))
+        step.sequence = self._sequence
+        return step
 
 
 def make_env_groups(problem: Problem, make_vector_env: Callable[..., gym.vector.VectorEnv], num_envs: int,

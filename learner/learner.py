@@ -233,6 +233,7 @@ class Learner:
             "learner/connected_actors": self.service.connected_actors,
             "learner/dropped_partial_unrolls": self.store.dropped_partial_unrolls,
             "learner/rejected_messages": self.service.rejected_messages,
+            "learner/resent_steps": self.service.resent_steps,
             "learner/policy_version": self.policy.version,
             **self.agent.inference_metrics(),  # a generating agent's tokens/s, say
         }
@@ -260,6 +261,7 @@ class Learner:
             eval_policy_version=last_eval.policy_version if last_eval else 0,
             eval_mean_return=last_eval.metrics.get("return", math.nan) if last_eval else math.nan,
             eval_rounds=self.eval_rounds.completed, return_window=self.config.return_window,
+            resent_steps=self.service.resent_steps,
         )
 
     def summary(self) -> RunSummary:

@@ -29,6 +29,7 @@ from fleetrl.learner.eval_rounds import EvalRounds
 from fleetrl.learner.inference import StepRequest
 from fleetrl.learner.inference_batcher import BatcherStopped, InferenceBatcher
 from fleetrl.learner.metrics import EpisodeWindow, ScalarMeans
+from fleetrl.learner.step_ledger import StepLedger
 from fleetrl.losses.unroll_hook import UnrollHook
 from fleetrl.problems.base import TRAIN
 from fleetrl.proto import PROTOCOL_VERSION
@@ -108,6 +109,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         self._actors: dict[str, int] = {}  # actor id -> its mode
         self._rejected_lock = threading.Lock()
         self._rejected = 0
+        self._ledger = StepLedger()  # train steps already taken in: resent ones count no episodes
         # Reads each stream's first message, so that a silent stream can be ended on time.
         self._handshake_reader = futures.ThreadPoolExecutor(max_streams, thread_name_prefix="handshake")
 
@@ -128,6 +130,10 @@ class LearnerService(pb_grpc.LearnerServicer):
     def rejected_messages(self) -> int:
         with self._rejected_lock:
             return self._rejected
+
+    @property
+    def resent_steps(self) -> int:
+        return self._ledger.resent
 
     def count_rejection(self) -> None:
         with self._rejected_lock:
@@ -207,8 +213,11 @@ class LearnerService(pb_grpc.LearnerServicer):
                     if kind == "handshake" else kind))
             try:
                 request, episodes = self._decode_step(message.step, slots, handshake.num_envs)
-                future = (self._submit_eval(actor, request, episodes) if evaluating
-                          else self._submit(request, episodes))
+                if evaluating:
+                    future = self._submit_eval(actor, request, episodes)
+                else:
+                    new = self._ledger.take(int(request.run_ids[0]), message.step.sequence)
+                    future = self._submit(request, episodes if new else [])
             except WireError as e:
                 self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: {e}")
             start = time.monotonic()
@@ -257,7 +266,7 @@ class LearnerService(pb_grpc.LearnerServicer):
 
     def _submit(self, request: StepRequest, episodes: list[Episode]):
         """Training episodes go to their group's summaries (see `episode_tag`); the "train"
-        ones also to the recent-return window."""
+        ones also to the recent-return window. A resent step comes with none (see StepLedger)."""
         for episode in episodes:
             for name, value in episode.metrics.items():
                 if name == "return":

@@ -103,7 +103,7 @@ class EpisodeStats(_message.Message):
     def __init__(self, env_index: _Optional[int] = ..., metrics: _Optional[_Mapping[str, float]] = ..., eval_episode: _Optional[int] = ..., images: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., group: _Optional[str] = ..., record: _Optional[bytes] = ...) -> None: ...
 
 class Step(_message.Message):
-    __slots__ = ("env_indices", "run_ids", "observations", "rewards", "terminated", "truncated", "finished_episodes", "extras")
+    __slots__ = ("env_indices", "run_ids", "observations", "rewards", "terminated", "truncated", "finished_episodes", "extras", "sequence")
     ENV_INDICES_FIELD_NUMBER: _ClassVar[int]
     RUN_IDS_FIELD_NUMBER: _ClassVar[int]
     OBSERVATIONS_FIELD_NUMBER: _ClassVar[int]
@@ -112,6 +112,7 @@ class Step(_message.Message):
     TRUNCATED_FIELD_NUMBER: _ClassVar[int]
     FINISHED_EPISODES_FIELD_NUMBER: _ClassVar[int]
     EXTRAS_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     env_indices: _containers.RepeatedScalarFieldContainer[int]
     run_ids: _containers.RepeatedScalarFieldContainer[int]
     observations: _containers.RepeatedCompositeFieldContainer[Tensor]
@@ -120,7 +121,8 @@ class Step(_message.Message):
     truncated: _containers.RepeatedScalarFieldContainer[bool]
     finished_episodes: _containers.RepeatedCompositeFieldContainer[EpisodeStats]
     extras: _containers.RepeatedCompositeFieldContainer[Tensor]
-    def __init__(self, env_indices: _Optional[_Iterable[int]] = ..., run_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., rewards: _Optional[_Iterable[float]] = ..., terminated: _Optional[_Iterable[bool]] = ..., truncated: _Optional[_Iterable[bool]] = ..., finished_episodes: _Optional[_Iterable[_Union[EpisodeStats, _Mapping]]] = ..., extras: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ...) -> None: ...
+    sequence: int
+    def __init__(self, env_indices: _Optional[_Iterable[int]] = ..., run_ids: _Optional[_Iterable[int]] = ..., observations: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., rewards: _Optional[_Iterable[float]] = ..., terminated: _Optional[_Iterable[bool]] = ..., truncated: _Optional[_Iterable[bool]] = ..., finished_episodes: _Optional[_Iterable[_Union[EpisodeStats, _Mapping]]] = ..., extras: _Optional[_Iterable[_Union[Tensor, _Mapping]]] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class ActorMessage(_message.Message):
     __slots__ = ("handshake", "step")
@@ -204,7 +206,7 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("env_steps", "env_steps_per_s", "episodes", "mean_episode_return", "policy_lag", "trainer_steps", "connected_actors", "finished", "finished_reason", "uptime_s", "mean_inference_batch_size", "eval_policy_version", "eval_mean_return", "eval_rounds", "return_window")
+    __slots__ = ("env_steps", "env_steps_per_s", "episodes", "mean_episode_return", "policy_lag", "trainer_steps", "connected_actors", "finished", "finished_reason", "uptime_s", "mean_inference_batch_size", "eval_policy_version", "eval_mean_return", "eval_rounds", "return_window", "resent_steps")
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_PER_S_FIELD_NUMBER: _ClassVar[int]
     EPISODES_FIELD_NUMBER: _ClassVar[int]
@@ -220,6 +222,7 @@ class Status(_message.Message):
     EVAL_MEAN_RETURN_FIELD_NUMBER: _ClassVar[int]
     EVAL_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     RETURN_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    RESENT_STEPS_FIELD_NUMBER: _ClassVar[int]
     env_steps: int
     env_steps_per_s: float
     episodes: int
@@ -235,7 +238,8 @@ class Status(_message.Message):
     eval_mean_return: float
     eval_rounds: int
     return_window: int
-    def __init__(self, env_steps: _Optional[int] = ..., env_steps_per_s: _Optional[float] = ..., episodes: _Optional[int] = ..., mean_episode_return: _Optional[float] = ..., policy_lag: _Optional[float] = ..., trainer_steps: _Optional[int] = ..., connected_actors: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_reason: _Optional[str] = ..., uptime_s: _Optional[float] = ..., mean_inference_batch_size: _Optional[float] = ..., eval_policy_version: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_rounds: _Optional[int] = ..., return_window: _Optional[int] = ...) -> None: ...
+    resent_steps: int
+    def __init__(self, env_steps: _Optional[int] = ..., env_steps_per_s: _Optional[float] = ..., episodes: _Optional[int] = ..., mean_episode_return: _Optional[float] = ..., policy_lag: _Optional[float] = ..., trainer_steps: _Optional[int] = ..., connected_actors: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_reason: _Optional[str] = ..., uptime_s: _Optional[float] = ..., mean_inference_batch_size: _Optional[float] = ..., eval_policy_version: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_rounds: _Optional[int] = ..., return_window: _Optional[int] = ..., resent_steps: _Optional[int] = ...) -> None: ...
 
 class EvalWorkRequest(_message.Message):
     __slots__ = ("actor_id", "max_episodes")
