@@ -3,8 +3,9 @@
 It serves actors until the run ends (total_env_steps, target_mean_return, SIGTERM or
 Ctrl-C), then writes a final checkpoint and `summary.json` to the logdir. Exit code: 0
 (also when stopped by SIGTERM or SIGINT), 1 when a target return was set and the run
-ended without reaching it, 2 for a bad configuration. The bound address is written to `<logdir>/learner_address`
-(useful with --bind=127.0.0.1:0).
+ended without reaching it, 2 for a bad configuration, 3 when the final checkpoint could
+not be written (a full disk, say; the last good one is named in the log). The bound
+address is written to `<logdir>/learner_address` (useful with --bind=127.0.0.1:0).
 """
 
 from __future__ import annotations
@@ -51,6 +52,10 @@ def main(argv: list[str]) -> int:
     logging.info("run ended: %s; %s env steps, %s episodes, mean return %.1f, %s trainer steps, %.0fs",
                  summary.reason, f"{summary.env_steps:,}", summary.episodes, summary.mean_episode_return,
                  summary.trainer_steps, summary.wall_s)
+    if summary.final_checkpoint is None:
+        logging.error("the final checkpoint was NOT written (see the error above): a resume starts from %s",
+                      learner.run_state.checkpoints.latest() or "scratch (no checkpoint was written)")
+        return 3
     return 1 if summary.target_reached is False and not signalled else 0
 
 

@@ -3,8 +3,9 @@
 Starts the learner, --num_actors actor processes, --num_eval_actors eval actors (and TensorBoard with
 --tensorboard_port), shows a live progress line read from the learner's GetStatus RPC,
 and stops everything when the learner ends the run, on Ctrl-C, or when a child crashes.
-Children's logs go to <logdir>/logs/. Exit code: the learner's (0, or 1 when a target
-return was set and not reached), or 1 if a process crashed.
+Children's logs go to <logdir>/logs/. Exit code: the learner's (0; 1 when a target
+return was set and not reached; 3 when its final checkpoint could not be written), or 1
+if a process crashed.
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ leaves the previous files whole, and a reader never sees half a file.
 from __future__ import annotations
 
 import glob
+import logging
 import os
 import re
 from collections.abc import Mapping
@@ -28,6 +29,8 @@ from fleetrl.common.files import atomic_write
 CHECKPOINT_FORMAT = 2
 READABLE_FORMATS = (1, 2)
 _NAME = re.compile(r"ckpt-(\d+)\.pt$")
+
+log = logging.getLogger(__name__)
 
 
 class CheckpointError(ValueError):
@@ -128,7 +131,10 @@ class CheckpointDir:
         path = os.path.join(self.directory, f"ckpt-{checkpoint['policy_version']:010d}.pt")
         atomic_save(dict(checkpoint), path)
         for old in self.periodic()[:-self.keep]:
-            os.remove(old)
+            try:
+                os.remove(old)
+            except OSError as e:  # the new checkpoint is written: one too many kept is no failure
+                log.warning("could not remove the old checkpoint %s: %s", old, e)
         return path
 
     def save_best(self, checkpoint: Mapping[str, Any]) -> str:

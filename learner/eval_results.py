@@ -43,6 +43,7 @@ class EvalResults:
         self._purge_step: int | None = None
         self._closed = False
         self._last_step = -1
+        self.failed_writes = 0
 
     def open(self, resumed: bool) -> None:
         """Called as the run starts; the eval/ writer itself waits for the first round, so a
@@ -53,30 +54,44 @@ class EvalResults:
     def _writer_for_rounds(self) -> SummaryWriter:
         if self._writer is None:
             self._writer = SummaryWriter(os.path.join(self._logdir, "eval"), purge_step=self._purge_step)
+            self._purge_step = None  # a writer reopened after a failed write must not purge this run's rounds
         return self._writer
 
     def close(self) -> None:
         with self._lock:
             self._closed = True  # a straggling round still reaches eval.jsonl
-            if self._writer is not None:
-                self._writer.close()
-                self._writer = None
+            self._drop_writer()
+
+    def _drop_writer(self) -> None:
+        """Closes the eval writer; after a failed write the next round opens a new event file."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except OSError as e:
+                log.error("TensorBoard's eval event file could not be closed: %s", e)
 
     def __call__(self, result: EvalResult) -> None:
         record = {"round": result.round, "policy_version": result.policy_version, "episodes": result.episodes,
                   "trainer_steps": self._run_state.policy.version, "env_steps": self._run_state.env_steps,
                   **result.metrics}
         with self._lock:
-            if result.policy_version > self._last_step and not self._closed:
-                self._last_step = result.policy_version
-                writer = self._writer_for_rounds()
-                for name, mean in result.metrics.items():
-                    writer.add_scalar(f"eval/{name}", mean, global_step=result.policy_version)
-                for tag, image in result.images.items():
-                    writer.add_image(f"eval/{tag}", image, global_step=result.policy_version, dataformats="HWC")
-                writer.flush()
-            with open(os.path.join(self._logdir, "eval.jsonl"), "a") as f:
-                f.write(json.dumps(record) + "\n")
+            try:
+                if result.policy_version > self._last_step and not self._closed:
+                    self._last_step = result.policy_version
+                    writer = self._writer_for_rounds()
+                    for name, mean in result.metrics.items():
+                        writer.add_scalar(f"eval/{name}", mean, global_step=result.policy_version)
+                    for tag, image in result.images.items():
+                        writer.add_image(f"eval/{tag}", image, global_step=result.policy_version, dataformats="HWC")
+                    writer.flush()
+                with open(os.path.join(self._logdir, "eval.jsonl"), "a") as f:
+                    f.write(json.dumps(record) + "\n")
+            except OSError as e:  # a full disk: the round is lost to the files, not to best.pt or the run
+                self.failed_writes += 1
+                log.error("eval round %d not written to TensorBoard or eval.jsonl: %s. Training goes on; the next "
+                          "round tries again", result.round, e)
+                self._drop_writer()
             better = self._run_state.offer_best(result.metrics.get(self._best_metric), result.agent.state_dict(),
                                                 result.policy_version, result.metrics)
         log.info("eval round %d at policy version %d: %s%s", result.round, result.policy_version,

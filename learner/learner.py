@@ -60,6 +60,8 @@ class RunSummary:
     trainer_steps: int
     wall_s: float
     target_reached: bool | None
+    # The checkpoint written as the run ended; None when it could not be (a full disk, say).
+    final_checkpoint: str | None = None
 
 
 class Learner:
@@ -170,11 +172,14 @@ class Learner:
             self.service.close()
             monitor.join(timeout=10)
             summaries.write()
-            self.run_state.save()
+            final_checkpoint = self.run_state.save()
             summaries.close()
             self.eval_results.close()
-        summary = self.summary()
-        atomic_write_json(os.path.join(self.config.logdir, "summary.json"), dataclasses.asdict(summary), indent=2)
+        summary = dataclasses.replace(self.summary(), final_checkpoint=final_checkpoint)
+        try:
+            atomic_write_json(os.path.join(self.config.logdir, "summary.json"), dataclasses.asdict(summary), indent=2)
+        except OSError as e:
+            log.error("summary.json not written: %s", e)
         return summary
 
     def _write_run_config(self) -> dict:
@@ -234,6 +239,8 @@ class Learner:
             "learner/dropped_partial_unrolls": self.store.dropped_partial_unrolls,
             "learner/rejected_messages": self.service.rejected_messages,
             "learner/resent_steps": self.service.resent_steps,
+            "learner/failed_checkpoint_writes": self.run_state.failed_checkpoint_writes,
+            "learner/failed_eval_writes": self.eval_results.failed_writes,
             "learner/policy_version": self.policy.version,
             **self.agent.inference_metrics(),  # a generating agent's tokens/s, say
         }

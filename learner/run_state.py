@@ -11,6 +11,10 @@ A resume restores exactly what `checkpoint()` writes (see `checkpoint` for the f
 
 Each counter lives where it is counted (the inference step, the episode window, the eval
 rounds, the policy version); this object is the one place that knows all of them.
+
+A checkpoint that cannot be written (a full disk, an I/O error) is logged and counted in
+`failed_checkpoint_writes`, and training goes on: the write is tried again at the next
+interval, and the last good checkpoint stays whole (files are written aside and renamed).
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class RunState:
         self.checkpoints = CheckpointDir(os.path.join(config.logdir, "checkpoints"), config.keep_checkpoints)
         self.best: float | None = None
         self._last_save = (time.monotonic(), 0)  # (time, policy version)
+        self.failed_checkpoint_writes = 0
 
     @property
     def env_steps(self) -> int:
@@ -69,10 +74,19 @@ class RunState:
             state["optimizer"] = self.optimizer.state_dict()
         return state
 
-    def save(self) -> str:
-        path = self.checkpoints.save(self.checkpoint())
-        self._last_save = (time.monotonic(), self.policy.version)
-        return path
+    def save(self) -> str | None:
+        """Writes a periodic checkpoint; returns its path, or None when it could not be written."""
+        self._last_save = (time.monotonic(), self.policy.version)  # a failed write waits for the next interval too
+        try:
+            return self.checkpoints.save(self.checkpoint())
+        except OSError as e:
+            self._write_failed(f"checkpoint at policy version {self.policy.version}", e)
+            return None
+
+    def _write_failed(self, what: str, error: OSError) -> None:
+        self.failed_checkpoint_writes += 1
+        log.error("%s not written: %s. Training goes on and writes it again at the next interval; the last good "
+                  "checkpoint is %s", what, error, self.checkpoints.latest() or "none (no checkpoint yet)")
 
     def save_if_due(self) -> None:
         """A periodic checkpoint, every checkpoint_interval_s and/or checkpoint_every_steps."""
@@ -90,10 +104,14 @@ class RunState:
         better = value is not None and (self.best is None or (
             value > self.best if self.config.best_mode == "max" else value < self.best))
         if better:
-            self.best = value
             best = self.checkpoint(model=model, with_optimizer=False)
-            best.update(policy_version=policy_version, eval_metrics=metrics)
-            self.checkpoints.save_best(best)
+            best.update(policy_version=policy_version, best=value, eval_metrics=metrics)
+            try:
+                self.checkpoints.save_best(best)
+            except OSError as e:  # a later round that beats the old best.pt writes it
+                self._write_failed(f"best.pt of policy version {policy_version}", e)
+                return False
+            self.best = value
         return better
 
     def resume_or_warm_start(self) -> str | None:

@@ -7,12 +7,16 @@ repeats a step; the writer purges what a crashed process wrote after its checkpo
 
 Nothing constant is written again and again: counters of rare events only once they are
 nonzero, the learning rate only when it changes. The run's config goes to the Text tab.
+
+A write that fails (a full disk, an I/O error) is logged and counted, and its scalars are
+lost; the next write opens a new event file (TensorBoard reads them all) and tries again.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -23,10 +27,13 @@ from torch.utils.tensorboard import SummaryWriter
 from fleetrl.learner.inference import InferenceStep, PolicyVersion
 from fleetrl.learner.metrics import ScalarMeans
 
+log = logging.getLogger(__name__)
+
 # Counters of rare events (and unrolls left waiting), written once nonzero; settings, written
 # when they change.
-WHEN_NONZERO = frozenset({"learner/dropped_partial_unrolls", "learner/rejected_messages",
-                          "learner/unroll_queue_size"})
+WHEN_NONZERO = frozenset({"learner/dropped_partial_unrolls", "learner/rejected_messages", "learner/resent_steps",
+                          "learner/unroll_queue_size", "learner/failed_checkpoint_writes",
+                          "learner/failed_summary_writes", "learner/failed_eval_writes"})
 WHEN_CHANGED = frozenset({"optim/learning_rate"})
 
 
@@ -48,8 +55,10 @@ class TrainSummaries:
         self._inference = inference
         self._policy = policy
         self._gauges = gauges
+        self._logdir = logdir
+        self.failed_writes = 0
         # purge_step: TensorBoard drops what an earlier process wrote at or after these steps.
-        self._writer = SummaryWriter(logdir, purge_step=inference.env_steps if resumed else None)
+        self._writer: SummaryWriter | None = SummaryWriter(logdir, purge_step=inference.env_steps if resumed else None)
         self._last = self._counts()
         self._written = False
         self._last_values: dict[str, float] = {}
@@ -68,17 +77,32 @@ class TrainSummaries:
         elapsed = max(now.time - last.time, 1e-9)
         scalars = self._scalars.drain()
         scalars.update(self._gauges())
+        scalars["learner/failed_summary_writes"] = self.failed_writes
         scalars["throughput/env_steps_per_s"] = (now.env_steps - last.env_steps) / elapsed
         scalars["throughput/learner_steps_per_s"] = (now.policy_version - last.policy_version) / elapsed
         if now.batches > last.batches:
             scalars["inference/mean_batch_size"] = (now.batch_envs - last.batch_envs) / (now.batches - last.batches)
-        for tag, value in scalars.items():
-            if not math.isfinite(value) or (tag in WHEN_NONZERO and value == 0) or (
-                    tag in WHEN_CHANGED and self._last_values.get(tag) == value):
-                continue
-            self._writer.add_scalar(tag, value, global_step=now.env_steps)
-            self._last_values[tag] = value
-        self._writer.flush()
+        try:
+            if self._writer is None:
+                self._writer = SummaryWriter(self._logdir)
+            for tag, value in scalars.items():
+                if not math.isfinite(value) or (tag in WHEN_NONZERO and value == 0) or (
+                        tag in WHEN_CHANGED and self._last_values.get(tag) == value):
+                    continue
+                self._writer.add_scalar(tag, value, global_step=now.env_steps)
+                self._last_values[tag] = value
+            self._writer.flush()
+        except OSError as e:
+            self.failed_writes += 1
+            log.error("TensorBoard summaries at env step %d not written: %s. Training goes on; the next write "
+                      "tries again in a new event file", now.env_steps, e)
+            self.close()
 
     def close(self) -> None:
-        self._writer.close()
+        """Closes the writer; one that failed is dropped (its event file keeps what reached it)."""
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except OSError as e:
+                log.error("TensorBoard's event file could not be closed: %s", e)
