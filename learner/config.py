@@ -83,6 +83,10 @@ class LearnerConfig:
     tls_client_ca: str = setting("", "CA (PEM) that must have signed the actors' certificates (mutual TLS).")
     handshake_timeout_s: float = setting(10.0, "A stream that sends no handshake within this long is ended with "
                                                "DEADLINE_EXCEEDED.")
+    stream_idle_timeout_s: float = setting(300.0, "A train stream that sends no step for this long after its "
+                                                  "last answer is cancelled (and the learner logs why), freeing its "
+                                                  "worker thread; raise it for envs slower per step. Eval streams, "
+                                                  "which wait between rounds, get eval_interval_s more.")
 
     def __post_init__(self):
         if os.path.exists(self.logdir) and not os.path.isdir(self.logdir):
@@ -95,7 +99,7 @@ class LearnerConfig:
         for name in ("inference_timeout_ms", "total_env_steps", "eval_interval_s",
                      "checkpoint_interval_s", "checkpoint_every_steps"):
             check_range(name, getattr(self, name), low=0)
-        for name in ("summary_interval_s", "handshake_timeout_s"):
+        for name in ("summary_interval_s", "handshake_timeout_s", "stream_idle_timeout_s"):
             check_range(name, getattr(self, name), low=0, low_open=True)
         check_choice("best_mode", self.best_mode, ("max", "min"))
         check_choice("inference_transfer", self.inference_transfer, ("auto", "plain", "staged"))

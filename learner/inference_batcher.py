@@ -8,7 +8,8 @@ vanished actor delays the others by at most the timeout, and never blocks them.
 `max_batch_size` may be a callable, read at each batch: the learner passes the smaller of
 its configured size and the number of connected envs. `max_requests`, also read at each
 batch, is the most requests that can be waiting at once: the learner passes the number of
-connected streams, since a stream submits its next step only once its last one is answered.
+streams that are stepping (`LearnerService.stepping_streams`: connected, and not gone
+quiet), since a stream submits its next step only once its last one is answered.
 So a batch that holds every connected env, or a step from every stream (an actor whose envs
 take turns in groups never has all of them waiting), flushes at once instead of waiting
 out the timeout.

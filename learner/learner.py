@@ -37,7 +37,7 @@ from fleetrl.learner.inference_batcher import InferenceBatcher
 from fleetrl.learner.metrics import EpisodeWindow, RateMeter, ScalarMeans
 from fleetrl.learner.run_state import RunState
 from fleetrl.learner.server import LearnerService, ServedRun
-from fleetrl.learner.serving import LearnerServer, max_streams
+from fleetrl.learner.serving import LearnerServer
 from fleetrl.learner.summaries import TrainSummaries
 from fleetrl.learner.trainer import Trainer
 from fleetrl.learner.unroll_queue import UnrollQueue
@@ -99,14 +99,14 @@ class Learner:
                                        self.device, config.inference_transfer)
         self.batcher = InferenceBatcher(
             self.inference, len, lambda: max(1, min(config.inference_batch_size, self.store.num_allocated)),
-            config.inference_timeout_ms / 1000, lambda: max(1, self.service.connected_streams(pb.TRAIN)))
+            config.inference_timeout_ms / 1000, lambda: max(1, self.service.stepping_streams(pb.TRAIN)))
 
         # Evaluation: eval actors play rounds with frozen snapshots, through their own batcher.
         self.eval_store = build_state_store(self.problem, self.agent, 0, self.device, record=False)
         self.eval_inference = EvalInference(self.problem, self.eval_store, self.device, config.inference_transfer)
         self.eval_batcher = InferenceBatcher(
             self.eval_inference, len, lambda: max(1, min(config.inference_batch_size, self.eval_store.num_allocated)),
-            config.inference_timeout_ms / 1000, lambda: max(1, self.service.connected_streams(pb.EVAL)))
+            config.inference_timeout_ms / 1000, lambda: max(1, self.service.stepping_streams(pb.EVAL)))
         self.eval_rounds = EvalRounds(self._eval_snapshot, self.problem.num_eval_episodes(), config.eval_interval_s,
                                       lambda result: self.eval_results(result))
 
@@ -124,10 +124,12 @@ class Learner:
             store=self.store, batcher=self.batcher, unroll_hook=self.unroll_hook, episodes=self.episodes,
             scalars=self.scalars, run=self, max_envs_per_actor=config.max_envs_per_actor,
             max_message_bytes=config.max_message_mb * 1024 * 1024, handshake_timeout_s=config.handshake_timeout_s,
+            idle_timeout_s=config.stream_idle_timeout_s,
+            eval_idle_timeout_s=config.stream_idle_timeout_s + (config.eval_interval_s or 0),
             eval_store=self.eval_store, eval_batcher=self.eval_batcher, eval_rounds=self.eval_rounds,
             check_episode_record=(self.problem.check_episode_record if self.problem.learner_writes_eval_records()
                                   else None),
-        ), max_streams(config))
+        ), config.max_actors)
         self.server = LearnerServer(config, self.service)
         self.address = self.server.address
         self.authenticated = self.server.authenticated

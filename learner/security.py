@@ -21,8 +21,11 @@ KEEPALIVE_S = 20
 KEEPALIVE_TIMEOUT_S = 10
 
 
-def server_options(transport_limit_bytes: int) -> list[tuple[str, int]]:
+def server_options(transport_limit_bytes: int, handshake_timeout_s: float = 10.0) -> list[tuple[str, int]]:
     return [
+        # A connection that has not finished its TLS and HTTP/2 handshakes by then is closed:
+        # idle sockets must not pile up (a stream's own Handshake message has the same limit).
+        ("grpc.server_handshake_timeout_ms", int(handshake_timeout_s * 1000)),
         ("grpc.max_receive_message_length", transport_limit_bytes),
         ("grpc.max_send_message_length", transport_limit_bytes),
         ("grpc.keepalive_time_ms", KEEPALIVE_S * 1000),

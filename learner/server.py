@@ -23,9 +23,11 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from fleetrl.learner.elastic_pool import ElasticThreadPool
 from fleetrl.learner.env_state_store import EnvStateStore
 from fleetrl.learner.eval_inference import EvalRequest
 from fleetrl.learner.eval_rounds import EvalRounds
+from fleetrl.learner.idle_streams import IdleStreams
 from fleetrl.learner.inference import StepRequest
 from fleetrl.learner.inference_batcher import BatcherStopped, InferenceBatcher
 from fleetrl.learner.metrics import EpisodeWindow, ScalarMeans
@@ -75,6 +77,9 @@ class ServedRun:
     max_envs_per_actor: int
     max_message_bytes: int
     handshake_timeout_s: float = 10.0
+    # A stream silent this long after its last answer is cancelled (eval streams wait between rounds).
+    idle_timeout_s: float = 300.0
+    eval_idle_timeout_s: float = 330.0
     # Eval actors (mode EVAL): their own state store and batcher, and the rounds they play.
     eval_store: EnvStateStore | None = None
     eval_batcher: InferenceBatcher | None = None
@@ -103,28 +108,52 @@ class Episode(NamedTuple):
 
 
 class LearnerService(pb_grpc.LearnerServicer):
-    def __init__(self, run: ServedRun, max_streams: int):
+    def __init__(self, run: ServedRun, max_actors: int):
         self.run = run
+        self.max_actors = max_actors
+        self._open_streams = 0  # handshaken or not; at most max_actors
         self._actors_lock = threading.Lock()
         self._actors: dict[str, int] = {}  # actor id -> its mode
+        self._last_step: dict[str, tuple[float, float]] = {}  # actor id -> (its last step's time, the interval before)
         self._rejected_lock = threading.Lock()
         self._rejected = 0
         self._ledger = StepLedger()  # train steps already taken in: resent ones count no episodes
-        # Reads each stream's first message, so that a silent stream can be ended on time.
-        self._handshake_reader = futures.ThreadPoolExecutor(max_streams, thread_name_prefix="handshake")
+        # Reads each stream's handshake, so that a stream that never sends one is ended on time.
+        self._handshake_reader = ElasticThreadPool(max_actors, thread_name_prefix="handshake")
+        self._idle_streams = IdleStreams(self._end_idle_stream)
 
     def close(self) -> None:
         self._handshake_reader.shutdown(wait=False, cancel_futures=True)
+        self._idle_streams.close()
+
+    def _end_idle_stream(self, stream: tuple[str, grpc.ServicerContext], timeout_s: float) -> None:
+        actor, context = stream
+        log.warning("actor %r sent no step for %g s after its last answer (--stream_idle_timeout_s, plus "
+                    "--eval_interval_s for eval actors): its stream is cancelled", actor, timeout_s)
+        self.count_rejection()
+        context.cancel()
 
     @property
     def connected_actors(self) -> int:
         with self._actors_lock:
             return len(self._actors)
 
-    def connected_streams(self, mode: int) -> int:
-        """Streams open in `mode` (pb.TRAIN or pb.EVAL); each has at most one step in inference."""
+    def stepping_streams(self, mode: int) -> int:
+        """Streams open in `mode` (pb.TRAIN or pb.EVAL) whose next step the inference batcher
+        may wait for (each has at most one step in inference): those that have sent a step and
+        have not gone quiet for over twice their last interval between steps plus a second.
+        A stream that handshakes and then sends nothing, or stops sending, must not make
+        every batch of the others wait out the batching timeout."""
+        now = time.monotonic()
         with self._actors_lock:
-            return sum(1 for m in self._actors.values() if m == mode)
+            return sum(1 for actor, m in self._actors.items() if m == mode and actor in self._last_step
+                       and now - self._last_step[actor][0] <= 2 * self._last_step[actor][1] + 1.0)
+
+    def _stepped(self, actor: str) -> None:
+        now = time.monotonic()
+        with self._actors_lock:
+            last = self._last_step.get(actor)
+            self._last_step[actor] = (now, now - last[0] if last else 0.0)
 
     @property
     def rejected_messages(self) -> int:
@@ -166,6 +195,20 @@ class LearnerService(pb_grpc.LearnerServicer):
                            retry_after_s=work.retry_after_s)
 
     def Stream(self, request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
+        with self._actors_lock:
+            admitted = self._open_streams < self.max_actors
+            self._open_streams += admitted
+        if not admitted:
+            self._reject(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                         f"the learner serves at most {self.max_actors} streams at once (its --max_actors), and that "
+                         "many are open: try again later, or start the learner with a larger --max_actors")
+        try:
+            yield from self._stream(request_iterator, context)
+        finally:
+            with self._actors_lock:
+                self._open_streams -= 1
+
+    def _stream(self, request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
         first = self._first_message(request_iterator, context)
         if first is None:
             return
@@ -197,15 +240,26 @@ class LearnerService(pb_grpc.LearnerServicer):
             else:
                 self.run.eval_rounds.disconnect(handshake.actor_id)
             store.release(slots)
+            self._idle_streams.disarm((handshake.actor_id, context))
             with self._actors_lock:
                 self._actors.pop(handshake.actor_id, None)
+                self._last_step.pop(handshake.actor_id, None)
 
     def _serve_steps(self, handshake: pb.Handshake, slots: np.ndarray, evaluating: bool,
                      request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
         actor = handshake.actor_id
-        for message in request_iterator:
-            if self.run.run.is_finished():
+        idle_timeout_s = self.run.eval_idle_timeout_s if evaluating else self.run.idle_timeout_s
+        stream = (actor, context)  # disarmed when the stream ends (see Stream)
+        while True:
+            self._idle_streams.arm(stream, idle_timeout_s)  # the actor is stepping its envs
+            try:
+                message = next(request_iterator, None)
+            except grpc.RpcError:  # cancelled: the client went away, or it was silent too long
                 break
+            self._idle_streams.disarm(stream)
+            if message is None or self.run.run.is_finished():
+                break
+            self._stepped(actor)
             kind = self._kind(message)
             if kind != "step":
                 self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: " + (

@@ -1,28 +1,32 @@
 """The gRPC server around the learner's service: its address, threads, limits and admission.
 
-One worker thread per actor stream (up to --max_actors, plus a few for side calls), a
-message size limit that the service itself enforces with a clear error (the transport's
-own cap is set above it), TLS or mutual TLS, and the shared-token check (see `security`).
+One worker thread per actor stream (up to --max_actors, plus a few for side calls and for
+refusing the streams beyond --max_actors with a message that says so), a message size
+limit that the service itself enforces with a clear error (the transport's own cap is set
+above it), TLS or mutual TLS, and the shared-token check (see `security`).
 """
 
 from __future__ import annotations
 
 import threading
-from concurrent import futures
 
 import grpc
 
 from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.elastic_pool import ElasticThreadPool
 from fleetrl.learner.security import TokenCheck, server_credentials, server_options
 from fleetrl.learner.server import LearnerService, learner_handler
 from fleetrl.proto.auth import read_token
 
-# Streams beyond --max_actors: side calls (GetStatus, GetRunInfo, GetEvalWork) need threads too.
+# Threads beyond --max_actors' streams: side calls (GetStatus, GetRunInfo, GetEvalWork), and
+# streams over the limit, which the service refuses at once with RESOURCE_EXHAUSTED naming
+# --max_actors. Past all of them gRPC refuses calls itself ("Concurrent RPC limit exceeded").
 SIDE_CALLS = 4
+REFUSALS = 4
 
 
-def max_streams(config: LearnerConfig) -> int:
-    return config.max_actors + SIDE_CALLS
+def max_calls(config: LearnerConfig) -> int:
+    return config.max_actors + SIDE_CALLS + REFUSALS
 
 
 class BindError(ValueError):
@@ -41,10 +45,11 @@ class LearnerServer:
         # Who may join: with neither a token nor client certificates, anyone who reaches the address.
         self.authenticated = bool(token or config.tls_client_ca)
         self._server = grpc.server(
-            futures.ThreadPoolExecutor(max_workers=max_streams(config), thread_name_prefix="actor-stream"),
-            maximum_concurrent_rpcs=max_streams(config),
+            # Threads a burst of calls started exit once idle: a flood leaves no threads behind.
+            ElasticThreadPool(max_calls(config), thread_name_prefix="actor-stream"),
+            maximum_concurrent_rpcs=max_calls(config),
             # Above the service's own limit, so that it, not the transport, rejects a big message.
-            options=server_options(4 * limit_bytes),
+            options=server_options(4 * limit_bytes, config.handshake_timeout_s),
             interceptors=[TokenCheck(token, service.count_rejection)] if token else [],
         )
         self._server.add_generic_rpc_handlers((learner_handler(service, limit_bytes),))
