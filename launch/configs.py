@@ -82,6 +82,9 @@ class RayConfig:
     actor_resources: str = setting('{"CPU": 1}', "Ray resources of each actor, JSON.")
     eval_actor_resources: str = setting('{"CPU": 1}', "Ray resources of each eval actor, JSON.")
     max_restarts: int = setting(10, "Times Ray restarts a crashed actor (-1: without limit).")
+    learner_max_restarts: int = setting(3, "Times Ray restarts the learner's process when it dies (-1: without "
+                                           "limit). It comes back on the same node and port, resumes from the "
+                                           "logdir's latest checkpoint, and the actors reconnect by themselves.")
     tls_ca: str = setting("", "Actors: CA (PEM) that signed the learner's certificate; turns TLS on.")
     actor_tls_cert: str = setting("", "Actors' client certificate (PEM), for mutual TLS.")
     actor_tls_key: str = setting("", "Private key (PEM) of --actor_tls_cert.")
@@ -96,6 +99,7 @@ class RayConfig:
         for name in ("learner_resources", "actor_resources", "eval_actor_resources"):
             self.resources(name)  # refused now, before any connection to the cluster
         check_range("max_restarts", self.max_restarts, low=-1)
+        check_range("learner_max_restarts", self.learner_max_restarts, low=-1)
 
     def resources(self, name: str) -> dict[str, float]:
         """The resource request of flag `name`, such as {"CPU": 1, "GPU": 1, "my_node": 1}."""

@@ -3,13 +3,17 @@
     python -m fleetrl.launch.ray --address=auto --problem=cartpole --num_actors=16 --envs_per_actor=32
 
 It connects to a running Ray cluster (`ray start --head`, KubeRay, ...), starts the learner
-as a Ray actor where `--learner_resources` fit, then `--num_actors` actors (and
+as a Ray actor where `--learner_resources` fit (a placement group holds that node for it),
+then `--num_actors` actors (and
 `--num_eval_actors` eval actors) spread over the nodes, each with its own resource
 request (see `launch.ray_hosts`). Ray restarts a crashed actor up to `--max_restarts`
 times, and the new process reconnects to the learner by itself. The training data flows
 over fleetrl's gRPC stream, with its auth and TLS options; Ray only places, starts and
 restarts processes. An actor that fails (the learner refused it, or stayed unreachable for
---max_reconnect_s) is restarted the same way.
+--max_reconnect_s) is restarted the same way. When the learner's process dies, Ray starts
+it again (up to `--learner_max_restarts` times) in the same placement group, so on the
+same node, where it serves on the same port and resumes from the logdir's latest
+checkpoint; the actors reconnect by themselves.
 
 It shows the live progress line and reports restarts. When the run ends, on Ctrl-C or
 SIGTERM, it stops the learner (which writes its final checkpoint), then removes every
@@ -45,6 +49,7 @@ from fleetrl.proto import learner_pb2 as pb
 
 try:
     import ray
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 except ImportError as e:  # says which extra brings it
     raise MissingExtra("launch.ray", "ray", e) from e
 
@@ -74,16 +79,15 @@ def launch(config: RayConfig) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop_requested.append("Ctrl-C"))
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append("SIGTERM"))
     handles: list = []
+    placement = None
     try:
-        # The learner is not restarted: a new one would serve elsewhere, from its last checkpoint.
-        learner = ray.remote(FleetrlLearner).options(
-            max_restarts=0, max_concurrency=4, **ray_options(config.resources("learner_resources"))
-        ).remote(dataclasses.asdict(config.learner))
+        learner, placement = _start_learner(config)
         handles.append(learner)
         info = _learner_info(learner, config.start_timeout_s, stop_requested)
         if info is None:
             return 1
-        print(f"fleetrl: {config.learner.problem} learner on node {info['node_id'][:8]} ({info['ip']}), "
+        print(f"fleetrl: {config.learner.problem} learner (pid {info['pid']}) on node {info['node_id'][:8]} "
+              f"({info['ip']}), "
               f"serving {info['address']}, logdir {info['logdir']} on that node")
         actors = {}
         security = dict(auth_token_file=config.learner.auth_token_file, tls_ca=config.tls_ca,
@@ -97,10 +101,12 @@ def launch(config: RayConfig) -> int:
             ).remote(dataclasses.asdict(actor_config))
             actors[name] = handle
             handles.append(handle)
-        summary = _serve(learner, actors, config.progress_interval_s, stop_requested)
+        summary = _serve(learner, actors, config.progress_interval_s, stop_requested, config.start_timeout_s)
     finally:
         for handle in handles:  # nothing stays on the cluster: not even an actor Ray would restart
             ray.kill(handle, no_restart=True)
+        if placement is not None:
+            ray.util.remove_placement_group(placement)
         ray.shutdown()
     if summary is None or "error" in summary:
         print(f"the learner failed:\n{(summary or {}).get('error', 'no summary')}", file=sys.stderr)
@@ -111,6 +117,23 @@ def launch(config: RayConfig) -> int:
     return 1 if summary.get("target_reached") is False and not stop_requested else 0
 
 
+def _start_learner(config: RayConfig):
+    """The learner in a placement group of its resources: Ray restarts it there, on the same
+    node, where its actors find it again. Without resources it goes on this node."""
+    resources = config.resources("learner_resources")
+    options = ray_options(resources)
+    placement = None
+    if any(resources.values()):
+        placement = ray.util.placement_group([{k: float(v) for k, v in resources.items() if v}])
+        strategy = PlacementGroupSchedulingStrategy(placement)
+    else:
+        strategy = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
+    learner = ray.remote(FleetrlLearner).options(
+        max_restarts=config.learner_max_restarts, max_concurrency=4, scheduling_strategy=strategy, **options
+    ).remote(dataclasses.asdict(config.learner))
+    return learner, placement
+
+
 def _learner_info(learner, timeout_s: float, stop_requested: list[str]) -> dict[str, Any] | None:
     """Waits for the learner to be placed and serving; None if it failed or the wait was cut short."""
     ref, deadline = learner.info.remote(), time.monotonic() + timeout_s
@@ -119,6 +142,9 @@ def _learner_info(learner, timeout_s: float, stop_requested: list[str]) -> dict[
         if ready:
             try:
                 return ray.get(ref)
+            except ray.exceptions.ActorUnavailableError:  # Ray is restarting it: ask again
+                time.sleep(0.5)
+                ref = learner.info.remote()
             except ray.exceptions.RayError as e:
                 print(f"the learner could not start: {e}", file=sys.stderr)
                 return None
@@ -127,17 +153,28 @@ def _learner_info(learner, timeout_s: float, stop_requested: list[str]) -> dict[
     return None
 
 
-def _serve(learner, actors: dict[str, Any], interval_s: float, stop_requested: list[str]) -> dict[str, Any] | None:
-    """Shows progress and reports actor placements and restarts until the learner's run ends."""
-    try:
-        return _serve_until_done(learner, actors, interval_s, stop_requested)
-    except ray.exceptions.RayActorError as e:  # the learner's process died (out of memory, killed)
-        return {"error": f"the learner's process died: {e}"}
-
-
-def _serve_until_done(learner, actors: dict[str, Any], interval_s: float,
-                      stop_requested: list[str]) -> dict[str, Any] | None:
+def _serve(learner, actors: dict[str, Any], interval_s: float, stop_requested: list[str],
+           start_timeout_s: float) -> dict[str, Any] | None:
+    """Shows progress and reports actor placements and restarts, and the learner's, until
+    the learner's run ends."""
     progress, watch = Progress(sys.stdout.isatty()), _Watch()
+    while True:
+        try:
+            return _serve_until_done(learner, actors, interval_s, stop_requested, progress, watch)
+        except ray.exceptions.RayActorError as e:  # the learner's process died (out of memory, killed)
+            progress.end()
+            if stop_requested:
+                return {"error": f"the learner's process died while stopping: {e}"}
+            print("the learner's process died; waiting for Ray to restart it", flush=True)
+            info = _learner_info(learner, start_timeout_s, stop_requested)
+            if info is None:
+                return {"error": f"the learner's process died and did not come back: {e}"}
+            print(f"learner restarted: pid {info['pid']} on node {info['node_id'][:8]}, resumed from "
+                  f"{info['resumed_from']} at trainer step {info['resumed_steps']}", flush=True)
+
+
+def _serve_until_done(learner, actors: dict[str, Any], interval_s: float, stop_requested: list[str],
+                      progress: Progress, watch: _Watch) -> dict[str, Any] | None:
     while True:
         if stop_requested:
             progress.end()

@@ -6,7 +6,10 @@ training data flows over fleetrl's own gRPC stream. Configs arrive as plain dict
 strings and numbers (Ray sends those without pickle) and become the usual dataclasses.
 
 An actor starts acting in its constructor, so when Ray restarts a crashed one (its
-`max_restarts`), the new process simply connects to the learner again.
+`max_restarts`), the new process simply connects to the learner again. A restarted
+learner resumes from its logdir's latest checkpoint (the Learner does that) and serves on
+the port its first process had, which its actors keep calling: the launcher keeps it on
+the same node, and the port is kept in `<logdir>/learner_port`.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import Any
 from fleetrl.actor.actor import Actor, ActorError
 from fleetrl.actor.config import ActorConfig
 from fleetrl.common.extras import MissingExtra
+from fleetrl.common.files import atomic_write_text
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
 
@@ -40,7 +44,16 @@ class FleetrlLearner:
 
     def __init__(self, config: dict[str, Any]):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-        self.learner = Learner(LearnerConfig(**config))
+        learner_config = LearnerConfig(**config)
+        port_file = os.path.join(learner_config.logdir, "learner_port")
+        host, port = learner_config.bind.rsplit(":", 1)
+        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        if self.restarted and port == "0" and os.path.exists(port_file):
+            with open(port_file) as f:  # the actors call the first process's port
+                learner_config = dataclasses.replace(learner_config, bind=f"{host}:{f.read().strip()}")
+        self.learner = Learner(learner_config)
+        self.resumed_steps = self.learner.policy.version
+        atomic_write_text(port_file, self.learner.address.rsplit(":", 1)[1])
         self._summary: dict[str, Any] | None = None
         self._error: str | None = None
         self._thread = threading.Thread(target=self._run, name="learner", daemon=True)
@@ -54,7 +67,9 @@ class FleetrlLearner:
 
     def info(self) -> dict[str, Any]:
         port = self.learner.address.rsplit(":", 1)[1]
-        return {**_node(), "address": f"{ray.util.get_node_ip_address()}:{port}", "logdir": self.learner.config.logdir}
+        return {**_node(), "address": f"{ray.util.get_node_ip_address()}:{port}", "logdir": self.learner.config.logdir,
+                "restarted": self.restarted, "resumed_from": self.learner.resumed_from,
+                "resumed_steps": self.resumed_steps}
 
     def status(self) -> bytes:
         """The GetStatus reply, as protobuf bytes."""

@@ -2,8 +2,10 @@
 
 The head node alone carries the `fleetrl_learner_node` resource, and each node has room
 for one 1-CPU actor next to it, so the learner lands on the head and the two actors on
-different nodes. The cluster is started with the `ray` CLI as a user would, and stopped
-with `ray stop --force` (which stops every Ray process of this user on the machine).
+different nodes. The cluster is started with the `ray` CLI as a user would (`ray start
+--block`, each node in a session of its own), and stopped by ending those sessions' process
+groups: only the processes this test started, not every Ray process of the user, which is
+what `ray stop --force` would end.
 """
 
 import contextlib
@@ -31,19 +33,59 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _stop_session(node: subprocess.Popen) -> None:
+    """Ends a node: `ray start --block` and everything it started share its process group."""
+    for sig, wait_s in ((signal.SIGTERM, 3), (signal.SIGKILL, 10)):
+        try:
+            os.killpg(node.pid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait_s
+        while time.monotonic() < deadline:
+            try:
+                os.killpg(node.pid, 0)
+            except ProcessLookupError:
+                node.wait()
+                return
+            time.sleep(0.2)
+
+
 @pytest.fixture(scope="module")
-def cluster():
+def cluster(tmp_path_factory):
     temp_dir = f"/tmp/ray-{uuid.uuid4().hex[:8]}"  # short: Ray's socket paths must stay under 108 bytes
     port = _free_port()
-    common = ["--include-dashboard=false", "--disable-usage-stats", "--object-store-memory=100000000"]
-    subprocess.run([RAY, "start", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}",
-                    '--resources={"fleetrl_learner_node": 1}', *common], check=True, env=ENV, capture_output=True)
+    logs = tmp_path_factory.mktemp("ray-nodes")
+    common = ["--disable-usage-stats", "--object-store-memory=100000000", "--block"]
+    nodes = []
+
+    def start(name: str, *flags: str) -> None:
+        nodes.append(subprocess.Popen([RAY, "start", *flags, *common], env=ENV, start_new_session=True,
+                                      stdout=open(logs / f"{name}.log", "w"), stderr=subprocess.STDOUT))
+
     try:
-        subprocess.run([RAY, "start", f"--address=127.0.0.1:{port}", "--num-cpus=1", *common[1:]],
-                       check=True, env=ENV, capture_output=True)
+        start("head", "--head", f"--port={port}", "--num-cpus=2", f"--temp-dir={temp_dir}", "--include-dashboard=false",
+              '--resources={"fleetrl_learner_node": 1}')
+        wait_until(lambda: _cluster_nodes(f"127.0.0.1:{port}") >= 1, 120, "the head node")
+        start("worker", f"--address=127.0.0.1:{port}", "--num-cpus=1")
+        wait_until(lambda: _cluster_nodes(f"127.0.0.1:{port}") >= 2, 120, "the worker node")
         yield f"127.0.0.1:{port}"
     finally:
-        subprocess.run([RAY, "stop", "--force"], env=ENV, capture_output=True)
+        for node in reversed(nodes):
+            _stop_session(node)
+
+
+def _cluster_nodes(address: str) -> int:
+    """Nodes alive in the cluster, as the ray CLI sees them."""
+    status = subprocess.run([RAY, "status", f"--address={address}"], env=ENV, capture_output=True, text=True)
+    return len(re.findall(r"^\s*1 node_", status.stdout, re.M)) if status.returncode == 0 else 0
+
+
+def wait_until(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(1)
 
 
 def fleetrl_ray_processes() -> list[str]:
@@ -102,7 +144,7 @@ def test_a_run_trains_with_actors_on_both_nodes_and_leaves_nothing_behind(cluste
     output, _ = process.communicate(timeout=300)
     assert process.returncode == 0, output
     nodes = dict(re.findall(r"^(actor-\d) started: pid \d+ on node (\w+)", output, re.M))
-    learner_node = re.search(r"learner on node (\w+)", output).group(1)
+    learner_node = re.search(r"learner \(pid \d+\) on node (\w+)", output).group(1)
     assert set(nodes) == {"actor-0", "actor-1"} and len(set(nodes.values())) == 2, output
     assert learner_node in nodes.values()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
@@ -128,6 +170,29 @@ def test_ray_restarts_a_killed_actor_which_rejoins_and_ctrl_c_stops_everything(c
     assert "done: stopped by Ctrl-C" in output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["trainer_steps"] > 0
+    assert fleetrl_ray_processes() == []
+
+
+def test_ray_restarts_a_killed_learner_which_resumes_its_checkpoint_and_the_actors_rejoin(cluster, tmp_path):
+    lines: list[str] = []
+    checkpoints = tmp_path / "run" / "checkpoints"
+    with running_launcher(cluster, tmp_path / "run", "--total_env_steps=150000", "--checkpoint_every_steps=20",
+                          "--learner_max_restarts=1") as process:
+        pid = int(read_until(process, r"learner \(pid (\d+)\) on node", lines).group(1))
+        read_until(process, r"trainer [1-9]\d\d+ \| actors 2", lines)  # checkpoints written, both actors in
+        written = max(int(p.stem.split("-")[1]) for p in checkpoints.glob("ckpt-*.pt"))
+        os.kill(pid, signal.SIGKILL)
+        restart = read_until(process, r"learner restarted: pid (\d+) on node \w+, resumed from (\S+) at trainer "
+                                      r"step (\d+)", lines)
+        new_pid, resumed_from, resumed_steps = int(restart.group(1)), restart.group(2), int(restart.group(3))
+        assert new_pid != pid and resumed_from.startswith(str(checkpoints)) and resumed_steps >= written, lines
+        # Training goes on from there, with both actors back (they reconnect by themselves).
+        progress = read_until(process, r"trainer (\d+) \| actors 2", lines)
+        assert int(progress.group(1)) >= resumed_steps
+        output = "".join(lines) + process.communicate(timeout=300)[0]
+    assert process.returncode == 0, output
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["reason"].startswith("total_env_steps reached") and summary["trainer_steps"] > resumed_steps
     assert fleetrl_ray_processes() == []
 
 
