@@ -25,6 +25,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from fleetrl.learner.eval_rounds import EvalResult
 from fleetrl.learner.run_state import RunState
+from fleetrl.learner.summaries import close_writer
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +65,8 @@ class EvalResults:
 
     def _drop_writer(self) -> None:
         """Closes the eval writer; after a failed write the next round opens a new event file."""
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            try:
-                writer.close()
-            except OSError as e:
-                log.error("TensorBoard's eval event file could not be closed: %s", e)
+        close_writer(self._writer)
+        self._writer = None
 
     def __call__(self, result: EvalResult) -> None:
         record = {"round": result.round, "policy_version": result.policy_version, "episodes": result.episodes,

@@ -112,9 +112,9 @@ class Learner:
 
         self.run_state = RunState(config, self.agent, self.optimizer, self.policy, self.inference, self.episodes,
                                   self.eval_rounds, self.trainer.shuffle_generator, self.device)
-        self.eval_results = EvalResults(
-            config.logdir, config.best_metric, self.run_state,
-            self.problem.write_eval_records if self.problem.learner_writes_eval_records() else None)
+        takes_records = self.problem.learner_writes_eval_records()  # eval actors send episode records
+        self.eval_results = EvalResults(config.logdir, config.best_metric, self.run_state,
+                                        self.problem.write_eval_records if takes_records else None)
         self.resumed_from = self.run_state.resume_or_warm_start()
 
         self.service = LearnerService(ServedRun(
@@ -127,8 +127,7 @@ class Learner:
             idle_timeout_s=config.stream_idle_timeout_s,
             eval_idle_timeout_s=config.stream_idle_timeout_s + (config.eval_interval_s or 0),
             eval_store=self.eval_store, eval_batcher=self.eval_batcher, eval_rounds=self.eval_rounds,
-            check_episode_record=(self.problem.check_episode_record if self.problem.learner_writes_eval_records()
-                                  else None),
+            check_episode_record=self.problem.check_episode_record if takes_records else None,
         ), config.max_actors)
         self.server = LearnerServer(config, self.service)
         self.address = self.server.address

@@ -100,9 +100,14 @@ class TrainSummaries:
 
     def close(self) -> None:
         """Closes the writer; one that failed is dropped (its event file keeps what reached it)."""
-        writer, self._writer = self._writer, None
-        if writer is not None:
-            try:
-                writer.close()
-            except OSError as e:
-                log.error("TensorBoard's event file could not be closed: %s", e)
+        close_writer(self._writer)
+        self._writer = None
+
+
+def close_writer(writer: SummaryWriter | None) -> None:
+    """Closes a TensorBoard writer, logging (not raising) an I/O error: a full disk, say."""
+    if writer is not None:
+        try:
+            writer.close()
+        except OSError as e:
+            log.error("TensorBoard's event file %s could not be closed: %s", writer.log_dir, e)
