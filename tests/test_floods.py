@@ -14,19 +14,11 @@ import time
 import grpc
 import pytest
 
-from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
 HANDSHAKE_TIMEOUT_S, IDLE_TIMEOUT_S = 4, 5
-
-
-def cartpole_handshake(actor_id: str) -> pb.ActorMessage:
-    return pb.ActorMessage(handshake=pb.Handshake(
-        protocol_version=PROTOCOL_VERSION, problem="cartpole", actor_id=actor_id, num_envs=1,
-        observation_spec=[pb.TensorSpec(name="observation", dtype=pb.FLOAT32, shape=[4])],
-        action_spec=[pb.TensorSpec(name="action", dtype=pb.INT64, shape=[])]))
 
 
 class SilentStream:
@@ -82,7 +74,7 @@ def wait_for(condition, timeout_s: float, what: str):
 
 
 @pytest.mark.slow
-def test_a_flood_of_idle_clients_is_closed_on_time_while_an_actor_trains_and_leaves_nothing_behind(tmp_path):
+def test_a_flood_of_idle_clients_is_closed_on_time_while_an_actor_trains_and_leaves_nothing_behind(tmp_path, wire):
     logs = tmp_path / "logs"
     logs.mkdir()
 
@@ -117,7 +109,8 @@ def test_a_flood_of_idle_clients_is_closed_on_time_while_an_actor_trains_and_lea
             streams += [SilentStream(pb_grpc.LearnerStub(channels[-1])) for _ in range(10)]
         for i in range(50):  # and fifty that handshake, then go silent
             channels.append(grpc.insecure_channel(address))
-            streams.append(SilentStream(pb_grpc.LearnerStub(channels[-1]), cartpole_handshake(f"silent-{i}")))
+            handshake = wire.handshake(actor_id=f"silent-{i}", num_envs=1)
+            streams.append(SilentStream(pb_grpc.LearnerStub(channels[-1]), handshake))
         during = rate(status, HANDSHAKE_TIMEOUT_S - 1)
 
         # Every stream ends on time, with the limit it broke named.
