@@ -38,6 +38,7 @@ from fleetrl.learner.metrics import EpisodeWindow, RateMeter, ScalarMeans
 from fleetrl.learner.run_state import RunState
 from fleetrl.learner.server import LearnerService, ServedRun
 from fleetrl.learner.serving import LearnerServer
+from fleetrl.learner.step_ledger import StepLedger
 from fleetrl.learner.summaries import TrainSummaries
 from fleetrl.learner.trainer import Trainer
 from fleetrl.learner.unroll_queue import UnrollQueue
@@ -110,8 +111,9 @@ class Learner:
         self.eval_rounds = EvalRounds(self._eval_snapshot, self.problem.num_eval_episodes(), config.eval_interval_s,
                                       lambda result: self.eval_results(result))
 
+        self.step_ledger = StepLedger()
         self.run_state = RunState(config, self.agent, self.optimizer, self.policy, self.inference, self.episodes,
-                                  self.eval_rounds, self.trainer.shuffle_generator, self.device)
+                                  self.step_ledger, self.eval_rounds, self.trainer.shuffle_generator, self.device)
         takes_records = self.problem.learner_writes_eval_records()  # eval actors send episode records
         self.eval_results = EvalResults(config.logdir, config.best_metric, self.run_state,
                                         self.problem.write_eval_records if takes_records else None)
@@ -122,6 +124,7 @@ class Learner:
             observation_specs=self.problem.observation_specs(), action_specs=self.problem.action_specs(),
             extra_specs=self.problem.extra_specs(), episode_groups=self.problem.episode_groups(),
             store=self.store, batcher=self.batcher, unroll_hook=self.unroll_hook, episodes=self.episodes,
+            step_ledger=self.step_ledger,
             scalars=self.scalars, run=self, max_envs_per_actor=config.max_envs_per_actor,
             max_message_bytes=config.max_message_mb * 1024 * 1024, handshake_timeout_s=config.handshake_timeout_s,
             idle_timeout_s=config.stream_idle_timeout_s,

@@ -6,6 +6,7 @@ A resume restores exactly what `checkpoint()` writes (see `checkpoint` for the f
     model, optimizer                    state_dicts (best.pt: no optimizer)
     policy_version                      optimizer steps so far: the one step counter
     env_steps, episodes, eval_rounds    counters, read from and restored to their owners
+    step_ledger                         the train steps already counted (see StepLedger)
     best                                the best eval metric so far (or None)
     rng                                 torch's global state and the trainer's shuffle generator
 
@@ -38,17 +39,19 @@ from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.eval_rounds import EvalRounds
 from fleetrl.learner.inference import InferenceStep, PolicyVersion
 from fleetrl.learner.metrics import EpisodeWindow
+from fleetrl.learner.step_ledger import StepLedger
 
 log = logging.getLogger(__name__)
 
 
 class RunState:
     def __init__(self, config: LearnerConfig, agent: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 policy: PolicyVersion, inference: InferenceStep, episodes: EpisodeWindow, eval_rounds: EvalRounds,
-                 shuffle_generator: torch.Generator, device: torch.device):
+                 policy: PolicyVersion, inference: InferenceStep, episodes: EpisodeWindow, step_ledger: StepLedger,
+                 eval_rounds: EvalRounds, shuffle_generator: torch.Generator, device: torch.device):
         self.config = config
         self.agent, self.optimizer = agent, optimizer
         self.policy, self.inference, self.episodes, self.eval_rounds = policy, inference, episodes, eval_rounds
+        self.step_ledger = step_ledger
         self.shuffle_generator = shuffle_generator
         self.device = device
         self.checkpoints = CheckpointDir(os.path.join(config.logdir, "checkpoints"), config.keep_checkpoints)
@@ -67,7 +70,10 @@ class RunState:
             "learner_config": dataclasses.asdict(self.config),
             "model": model if model is not None else self.agent.state_dict(),
             "policy_version": self.policy.version, "env_steps": self.inference.env_steps,
-            "episodes": self.episodes.total, "eval_rounds": self.eval_rounds.completed, "best": self.best,
+            # The count before the ledger: a step taken in between is then in the ledger and not in
+            # the count, so after a resume its resend is lost, never counted twice.
+            "episodes": self.episodes.total, "step_ledger": self.step_ledger.state(),
+            "eval_rounds": self.eval_rounds.completed, "best": self.best,
             "rng": {"torch": torch.get_rng_state(), "trainer_shuffle": self.shuffle_generator.get_state()},
         }
         if with_optimizer:
@@ -135,6 +141,7 @@ class RunState:
         self.policy.version = checkpoint["policy_version"]
         self.inference.env_steps = checkpoint["env_steps"]
         self.episodes.total = checkpoint["episodes"]
+        self.step_ledger.restore(checkpoint.get("step_ledger", []))  # absent from checkpoints before it
         self.eval_rounds.resume(checkpoint["eval_rounds"])
         self.best = checkpoint["best"]
         torch.set_rng_state(checkpoint["rng"]["torch"])

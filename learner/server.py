@@ -72,6 +72,7 @@ class ServedRun:
     batcher: InferenceBatcher
     unroll_hook: UnrollHook
     episodes: EpisodeWindow
+    step_ledger: StepLedger  # train steps already taken in: resent ones count no episodes
     scalars: ScalarMeans
     run: RunControl
     max_envs_per_actor: int
@@ -117,7 +118,6 @@ class LearnerService(pb_grpc.LearnerServicer):
         self._last_step: dict[str, tuple[float, float]] = {}  # actor id -> (its last step's time, the interval before)
         self._rejected_lock = threading.Lock()
         self._rejected = 0
-        self._ledger = StepLedger()  # train steps already taken in: resent ones count no episodes
         # Reads each stream's handshake, so that a stream that never sends one is ended on time.
         self._handshake_reader = ElasticThreadPool(max_actors, thread_name_prefix="handshake")
         self._idle_streams = IdleStreams(self._end_idle_stream)
@@ -162,7 +162,7 @@ class LearnerService(pb_grpc.LearnerServicer):
 
     @property
     def resent_steps(self) -> int:
-        return self._ledger.resent
+        return self.run.step_ledger.resent
 
     def count_rejection(self) -> None:
         with self._rejected_lock:
@@ -270,7 +270,7 @@ class LearnerService(pb_grpc.LearnerServicer):
                 if evaluating:
                     future = self._submit_eval(actor, request, episodes)
                 else:
-                    new = self._ledger.take(int(request.run_ids[0]), message.step.sequence)
+                    new = self.run.step_ledger.take(int(request.run_ids[0]), message.step.sequence)
                     future = self._submit(request, episodes if new else [])
             except WireError as e:
                 self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: {e}")

@@ -11,6 +11,11 @@ only when it is; the step is answered either way.
 Memory is bounded: the least recently stepped groups are forgotten past `max_groups`.
 A live group steps every few milliseconds, so only the groups of actors that are gone
 fall off.
+
+The ledger goes into checkpoints (`state`, `restore`), so a learner that resumes after a
+crash knows which of the steps its checkpoint already counted: an actor resends its
+unanswered step to the new process, and that step may have been taken in before the
+checkpoint was written.
 """
 
 from __future__ import annotations
@@ -44,3 +49,14 @@ class StepLedger:
             if len(self._last) > self.max_groups:
                 self._last.popitem(last=False)
             return True
+
+    def state(self) -> list[list[int]]:
+        """[group, highest sequence] pairs, least recently stepped first: plain ints, for a checkpoint."""
+        with self._lock:
+            return [[group, sequence] for group, sequence in self._last.items()]
+
+    def restore(self, state: list[list[int]]) -> None:
+        with self._lock:
+            self._last = collections.OrderedDict((int(group), int(sequence)) for group, sequence in state)
+            while len(self._last) > self.max_groups:
+                self._last.popitem(last=False)

@@ -115,3 +115,28 @@ def test_the_ledger_takes_each_number_once_and_forgets_the_longest_silent_group(
     assert ledger.take(9, 1)
     assert not ledger.take(7, 3) and ledger.take(0xFFFF_FFFF_FFFF_FFFF, 1)
     assert ledger.resent == 3
+
+
+def test_a_resumed_learner_does_not_count_again_the_steps_its_checkpoint_counted(tmp_path, running_learner, raw_actor,
+                                                                                  wire):
+    def step(sequence: int) -> pb.ActorMessage:
+        message = wire.cartpole_step(2, run_ids=[11, 12])
+        message.step.sequence = sequence
+        message.step.finished_episodes.append(pb.EpisodeStats(env_index=0, metrics={"return": 10.0}))
+        return message
+
+    with running_learner(tmp_path, problem="cartpole") as learner:
+        actor = raw_actor(learner.address)
+        for message in (wire.handshake(actor_id="a"), step(1), step(2)):
+            actor.send(message)
+        assert learner.run_state.save() is not None
+        actor.close()
+    # A crash after the checkpoint, before step 2's answer reached the actor: it resends step 2.
+    with running_learner(tmp_path, problem="cartpole") as learner:
+        assert learner.status().episodes == 2
+        actor = raw_actor(learner.address)
+        actor.send(wire.handshake(actor_id="a"))
+        actor.send(step(2))
+        assert (learner.status().episodes, learner.status().resent_steps) == (2, 1)
+        actor.send(step(3))
+        assert learner.status().episodes == 3
