@@ -7,7 +7,7 @@ STAMP := $(VENV)/.fleetrl-installed
 LOGDIR ?=
 RUN_FLAGS ?=
 
-.PHONY: run tensorboard evaluate test test-fast lint install libero proto bench bench-peers bench-classic clean
+.PHONY: run tensorboard evaluate test test-fast lint install libero proto bench bench-peers bench-classic bench-soak clean
 
 install: $(STAMP)
 
@@ -87,6 +87,11 @@ bench-peers: install $(PEERS_STAMP)
 bench-classic: install
 	$(PY) -m pip install --quiet -e '.[box2d]'
 	$(PY) -m fleetrl.bench.classic_control
+
+# 30 minutes of CartPole with actors and the learner SIGKILLed and a hostile client
+# (docs/reliability.md); a row a minute, pass criteria at the end.
+bench-soak: install
+	$(PY) -m fleetrl.bench.soak --minutes=30
 
 clean:
 	rm -rf $(VENV) $(PEERS_VENV) runs

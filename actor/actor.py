@@ -67,6 +67,7 @@ class Actor:
         self._problem = problem
         self.steps_sent = 0  # steps answered by the learner
         self.episodes_sent = 0  # finished episodes in those steps: what the learner counted
+        self.episodes_finished = 0  # in steps made, answered or not: their difference is in flight
         self._connected_once = False
 
     def run(self, max_steps: int | None = None) -> None:
@@ -106,13 +107,7 @@ class Actor:
             self._channel.close()
 
     def _handshake(self, problem_name: str, problem: Problem, mode: int) -> pb.Handshake:
-        return pb.Handshake(
-            protocol_version=PROTOCOL_VERSION, problem=problem_name, actor_id=self.actor_id,
-            num_envs=self.config.num_envs, mode=mode,
-            observation_spec=[s.to_proto() for s in problem.observation_specs()],
-            action_spec=[s.to_proto() for s in problem.action_specs()],
-            extra_spec=[s.to_proto() for s in problem.extra_specs()],
-        )
+        return handshake_message(problem_name, problem, self.actor_id, self.config.num_envs, mode)
 
     def _problem_from_learner(self) -> tuple[str, Problem]:
         info = self._with_retries(lambda: self._stub.GetRunInfo(pb.RunInfoRequest(), wait_for_ready=True, timeout=5))
@@ -149,6 +144,7 @@ class Actor:
                 self.episodes_sent += len(group.step.finished_episodes)
                 actions = decode_all(reply.actions.actions, action_specs, group.size, "action")
                 group.act(actions[action_specs[0].name] if len(action_specs) == 1 else actions)
+                self.episodes_finished += len(group.step.finished_episodes)
                 send(group)
             return True
 
@@ -233,6 +229,17 @@ class Actor:
                             self.config.learner_address, code.name, wait)
                 time.sleep(max(wait, 0.0))
                 delay = min(delay * 2, 10.0)
+
+
+def handshake_message(problem_name: str, problem: Problem, actor_id: str, num_envs: int,
+                      mode: int = pb.TRAIN) -> pb.Handshake:
+    """The first message of a stream: who the actor is, and the specs its steps will follow."""
+    return pb.Handshake(
+        protocol_version=PROTOCOL_VERSION, problem=problem_name, actor_id=actor_id, num_envs=num_envs, mode=mode,
+        observation_spec=[s.to_proto() for s in problem.observation_specs()],
+        action_spec=[s.to_proto() for s in problem.action_specs()],
+        extra_spec=[s.to_proto() for s in problem.extra_specs()],
+    )
 
 
 def _drain(requests: queue.SimpleQueue) -> Iterator[pb.ActorMessage]:

@@ -103,6 +103,8 @@ def test_each_episode_counts_once_however_often_streams_break(serve):
     # Some cut came after the learner had taken a step in: that step came again, answered.
     assert status.resent_steps > 0, status
     assert status.episodes == reported, (status.episodes, reported, status.resent_steps)
+    # Made but not answered: at most the last step of each group, one episode per env.
+    assert all(0 <= a.episodes_finished - a.episodes_sent <= a.config.num_envs for a in actors)
 
 
 def test_the_ledger_takes_each_number_once_and_forgets_the_longest_silent_group():
