@@ -3,7 +3,9 @@ number of env steps, with no early stop.
 
     python -m fleetrl.bench.stability --problem=cartpole --runs=10 --env_steps=1000000
 
-Each run is `launch.local` with the Problem's defaults (plus `--hparams` and any
+The curve is `--tag` (default `episode/return`, the training episodes; `eval/...` tags
+come from the eval rounds, so give `--launch_flag=--num_eval_actors=1`). Each run is
+`launch.local` with the Problem's defaults (plus `--hparams` and any
 `--launch_flag`) and its own
 `--seed`, one after another (`--parallel` runs several at once; on 2 cores one at a time
 keeps them from slowing each other). Per run it prints the mean return of the last 100
@@ -38,10 +40,14 @@ def define_flags() -> None:
     flags.DEFINE_integer("first_seed", 0, "The first run's seed.")
     flags.DEFINE_integer("env_steps", 1_000_000, "Env steps per run.")
     flags.DEFINE_integer("parallel", 1, "Runs at once.")
+    flags.DEFINE_string("tag", "episode/return", "The curve: a TensorBoard tag of the run, or of its eval "
+                                                 "rounds (eval/...).")
     flags.DEFINE_float("target", 475.0, "The return that counts as solved.")
     flags.DEFINE_float("floor", 200.0, "A dip is a stretch below this after reaching the target.")
-    flags.DEFINE_integer("max_dip_steps", 50_000, "A dip this long (env steps) or longer fails the run.")
-    flags.DEFINE_float("final", 450.0, "The least mean return of the last 100 episodes at the end for a pass.")
+    flags.DEFINE_integer("max_dip_steps", 50_000, "A dip this long or longer fails the run, in the curve's steps "
+                                                  "(env steps; policy versions for eval tags).")
+    flags.DEFINE_float("final", 450.0, "The least mean return of the last 100 episodes at the end for a pass "
+                                       "(with an eval --tag: the last eval round's value).")
     flags.DEFINE_string("keep_logdirs", None, "Keep each run's logdir (TensorBoard, checkpoints) as DIR/seed_N; "
                                               "default: temporary, deleted after the run.")
 
@@ -52,6 +58,7 @@ class Run(NamedTuple):
     best: float
     reached_at: int | None
     longest_dip: int
+    lowest_after: float | None  # the lowest point once the target was reached
 
     @property
     def passed(self) -> bool:
@@ -89,13 +96,16 @@ def train_in(seed: int, logdir: str) -> Run:
     subprocess.run([sys.executable, "-m", "fleetrl.launch.local", f"--problem={FLAGS.problem}", f"--seed={seed}",
                     f"--logdir={logdir}", f"--total_env_steps={FLAGS.env_steps}", "--summary_interval_s=1",
                     *hparams, *FLAGS.launch_flag], check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    with open(os.path.join(logdir, "summary.json")) as f:
-        final = json.load(f)["mean_episode_return"]
-    events = EventAccumulator(logdir, size_guidance={"scalars": 0})
+    evaluated = FLAGS.tag.startswith("eval/")
+    events = EventAccumulator(os.path.join(logdir, "eval") if evaluated else logdir, size_guidance={"scalars": 0})
     events.Reload()
-    curve = [(e.step, e.value) for e in events.Scalars("episode/return")]
+    curve = [(e.step, e.value) for e in events.Scalars(FLAGS.tag)]
+    with open(os.path.join(logdir, "summary.json")) as f:
+        final = curve[-1][1] if evaluated else json.load(f)["mean_episode_return"]
     reached_at = next((step for step, value in curve if value >= FLAGS.target), None)
-    return Run(seed, final, max(value for _, value in curve), reached_at, longest_dip(curve, reached_at))
+    lowest = min((value for step, value in curve if step >= reached_at), default=None) \
+        if reached_at is not None else None
+    return Run(seed, final, max(value for _, value in curve), reached_at, longest_dip(curve, reached_at), lowest)
 
 
 def main(argv: list[str]) -> None:
@@ -105,16 +115,17 @@ def main(argv: list[str]) -> None:
     print(f"stability: {FLAGS.problem} {settings}, {FLAGS.runs} seeds x {FLAGS.env_steps:,} env steps, "
           f"{FLAGS.parallel} at a time, {os.cpu_count()} CPUs", flush=True)
     print(f"{'seed':>4} {'final':>7} {'best':>7} {'reached ' + format(FLAGS.target, 'g'):>12} "
-          f"{'longest dip':>11} pass", flush=True)
+          f"{'longest dip':>11} {'lowest after':>12} pass", flush=True)
     with concurrent.futures.ThreadPoolExecutor(FLAGS.parallel) as pool:
         runs = []
         for run in pool.map(train, range(FLAGS.first_seed, FLAGS.first_seed + FLAGS.runs)):
             runs.append(run)
             reached = f"{run.reached_at:,}" if run.reached_at is not None else "never"
-            print(f"{run.seed:>4} {run.final:7.1f} {run.best:7.1f} {reached:>12} {run.longest_dip:11,} "
+            lowest = f"{run.lowest_after:.3g}" if run.lowest_after is not None else "-"
+            print(f"{run.seed:>4} {run.final:7.3g} {run.best:7.3g} {reached:>12} {run.longest_dip:11,} {lowest:>12} "
                   f"{'yes' if run.passed else 'no'}", flush=True)
-    print(f"{sum(r.passed for r in runs)} of {len(runs)} passed: final mean return >= {FLAGS.final:g} and no dip "
-          f"below {FLAGS.floor:g} of {FLAGS.max_dip_steps:,} env steps or more after reaching {FLAGS.target:g}")
+    print(f"{sum(r.passed for r in runs)} of {len(runs)} passed: final {FLAGS.tag} >= {FLAGS.final:g} and no dip "
+          f"below {FLAGS.floor:g} of {FLAGS.max_dip_steps:,} steps or more after reaching {FLAGS.target:g}")
 
 
 if __name__ == "__main__":
