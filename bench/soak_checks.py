@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from typing import NamedTuple
 
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
@@ -35,8 +36,7 @@ class ActorCounts:
         return self.finished - self.answered
 
 
-@dataclasses.dataclass(frozen=True)
-class WindowEpisodes:
+class WindowEpisodes(NamedTuple):
     counted: int  # by the learner: its episode count's growth
     answered: int  # by the actors: episodes in the steps the learner answered them
     double: int  # counted beyond what the actors could have sent once
@@ -61,8 +61,7 @@ def window_episodes(counted: int, start: dict[str, ActorCounts], end: dict[str, 
     return WindowEpisodes(counted, answered, double=max(0, excess - died), lost=max(0, -excess - resent))
 
 
-@dataclasses.dataclass(frozen=True)
-class StepAxis:
+class StepAxis(NamedTuple):
     points: int  # points of `tag` that TensorBoard shows
     regressions: int  # points at a lower step than the one before them, with no restart marker between
     max_gap: int  # the largest step between two consecutive shown points
