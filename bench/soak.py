@@ -9,8 +9,9 @@ client that sends malformed messages at --hostile_rate a second (bench/hostile_c
 
 What happens to them: a random train actor is SIGKILLed every --actor_kill_s (a random
 time in that range) and a new one takes its place; the learner is SIGKILLed every
---learner_kill_s and started again on the same port and logdir, as Ray would restart it,
-and resumes from its latest checkpoint (written every --checkpoint_interval_s).
+--learner_kill_s (half a row later, so that no row falls on a restart) and started again
+on the same port and logdir, as Ray would restart it, and resumes from its latest
+checkpoint (written every --checkpoint_interval_s).
 
 Each minute the actors are paused for a moment at a point where none has a step in
 flight, and one row is printed and appended to <logdir>/soak.jsonl: env steps/s, the
@@ -187,7 +188,9 @@ class Soak:
         start = time.monotonic()
         end = start + 60 * FLAGS.minutes
         next_actor_kill = start + rng.uniform(low, high)
-        next_learner_kill = start + FLAGS.learner_kill_s if FLAGS.learner_kill_s else math.inf
+        # Half a row after each period: the row after a restart then measures a window of
+        # traffic to the new learner, not just its first answers.
+        next_learner_kill = start + FLAGS.learner_kill_s + FLAGS.report_s / 2 if FLAGS.learner_kill_s else math.inf
         next_report = start + FLAGS.report_s
         self.hostile.start()
         self._print_header()
