@@ -106,9 +106,6 @@ class Actor:
                 group.envs.close()
             self._channel.close()
 
-    def _handshake(self, problem_name: str, problem: Problem, mode: int) -> pb.Handshake:
-        return handshake_message(problem_name, problem, self.actor_id, self.config.num_envs, mode)
-
     def _problem_from_learner(self) -> tuple[str, Problem]:
         info = self._with_retries(lambda: self._stub.GetRunInfo(pb.RunInfoRequest(), wait_for_ready=True, timeout=5))
         if self.config.problem and info.problem != self.config.problem:
@@ -120,7 +117,7 @@ class Actor:
         """Each group's step goes out; each reply (they come in the order sent) steps its
         group, whose next step goes out at once. With one group this is send, wait, step."""
         action_specs = problem.action_specs()
-        handshake = self._handshake(problem_name, problem, pb.TRAIN)
+        handshake = handshake_message(problem_name, problem, self.actor_id, self.config.num_envs, pb.TRAIN)
 
         def play(requests: queue.SimpleQueue, responses) -> bool:
             log.info("connected to %s as %s", self.config.learner_address, self.actor_id)
@@ -153,7 +150,7 @@ class Actor:
     def _evaluate(self, problem_name: str, problem: Problem, episodes: EvalEpisodes, max_steps: int | None) -> None:
         n, action_specs = self.config.num_envs, problem.action_specs()
         run_ids = new_run_ids(n)
-        handshake = self._handshake(problem_name, problem, pb.EVAL)
+        handshake = handshake_message(problem_name, problem, self.actor_id, self.config.num_envs, pb.EVAL)
         send_records = problem.learner_writes_eval_records()
 
         def play(requests: queue.SimpleQueue, responses) -> bool:

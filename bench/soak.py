@@ -146,6 +146,12 @@ class LearnerProcess:
             except grpc.RpcError:
                 return None
 
+    def episodes(self) -> int:
+        status = self.status()
+        if status is None:
+            raise RuntimeError(f"the learner at {self.address} did not answer GetStatus")
+        return status.episodes
+
     def sample_rss(self) -> tuple[float, int] | None:
         use = process_use(self.child.process.pid)
         if use is not None:
@@ -234,7 +240,7 @@ class Soak:
         if not read.loadable:
             self.totals.unloadable.append(f"{read.path}: {read.error}")
 
-    def _paused_reading(self) -> tuple[Snapshot, Snapshot] | None:
+    def _paused_reading(self) -> tuple[Snapshot, Snapshot | None] | None:
         """With the actors paused: the learner's count and the actors' counters (the end of
         one window), the probe's steps, and the count again (the start of the next)."""
         try:
@@ -251,11 +257,11 @@ class Soak:
                 status.episodes >= status.return_window:
             self.totals.best_return = max(self.totals.best_return, status.mean_episode_return)
         self.status = status
-        return end, dataclasses.replace(end, episodes=after_probe)
+        return end, None if after_probe is None else dataclasses.replace(end, episodes=after_probe)
 
-    def _probe(self, status: pb.Status) -> int:
+    def _probe(self, status: pb.Status) -> int | None:
         """The probe's resend after a restart (if one came since its last step), then its new
-        step; returns the learner's count after them."""
+        step; returns the learner's count after them (None when that is not known)."""
         count = status.episodes
         try:
             if self.probe.held is not None and self.learner.restarts > self.probe_restarts_seen:
@@ -263,16 +269,16 @@ class Soak:
                 # A checkpoint that counted the held step has a count at least the one right after it.
                 expected = 0 if self.resumed_episodes >= self.probe_counted_at else 1
                 self.probe.resend()
-                now = self.learner.status().episodes
+                now = self.learner.episodes()
                 self.totals.probe_resends.append((expected, now - count))
                 count = now
             mean = status.mean_episode_return
             self.probe.send_new(mean if math.isfinite(mean) else 20.0)
-            now = self.learner.status().episodes
+            now = self.learner.episodes()
             self.totals.probe_new.append(now - count)  # must be 1: the check can see a count
-        except (grpc.RpcError, AttributeError) as e:  # AttributeError: no status (None)
+        except (grpc.RpcError, RuntimeError) as e:  # the next window then goes unmeasured
             self.totals.probe_errors.append(repr(e))
-            return self.learner.status().episodes
+            return None
         self.probe_counted_at = now
         return now
 

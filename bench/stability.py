@@ -100,8 +100,11 @@ def train_in(seed: int, logdir: str) -> Run:
     events = EventAccumulator(os.path.join(logdir, "eval") if evaluated else logdir, size_guidance={"scalars": 0})
     events.Reload()
     curve = [(e.step, e.value) for e in events.Scalars(FLAGS.tag)]
-    with open(os.path.join(logdir, "summary.json")) as f:
-        final = curve[-1][1] if evaluated else json.load(f)["mean_episode_return"]
+    if evaluated:
+        final = curve[-1][1]
+    else:
+        with open(os.path.join(logdir, "summary.json")) as f:
+            final = json.load(f)["mean_episode_return"]
     reached_at = next((step for step, value in curve if value >= FLAGS.target), None)
     lowest = min((value for step, value in curve if step >= reached_at), default=None) \
         if reached_at is not None else None
