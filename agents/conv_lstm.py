@@ -33,7 +33,11 @@ class ConvLSTMAgent(Agent):
         super().__init__()
         self.image_key = image_key
         self.conv, width = conv_torso(image_size, channels)
-        self.project = nn.Sequential(nn.Linear(width, hidden_size), nn.ReLU())
+        # The LSTM reads layer-normalized features. A ReLU torso can scale its output up freely,
+        # and a near-deterministic policy's gradient keeps asking for sharper features; without
+        # the norm that growth drove every LSTM gate into saturation (NumberLine's collapse to
+        # one action, docs/gym_cards.md), where no gradient gets through to undo it.
+        self.project = nn.Sequential(nn.Linear(width, hidden_size), nn.ReLU(), nn.LayerNorm(hidden_size))
         self.core = nn.LSTMCell(hidden_size, lstm_size)
         self.policy = nn.Linear(lstm_size, num_actions)
         self.baseline = nn.Linear(lstm_size, 1)

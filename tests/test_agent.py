@@ -1,5 +1,6 @@
 """One code path: stepping an agent through a trajectory equals unrolling it, across episode ends."""
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -142,3 +143,36 @@ def test_the_vla_agent_reads_the_language_through_the_frozen_sentence_encoder():
     assert out["baseline"].shape == (3,)
     with pytest.raises(ValueError, match="unknown value_pooling 'sum'"):
         VLAAgent(value_pooling="sum")
+
+
+def test_the_conv_lstm_agents_gates_do_not_saturate_when_its_torso_scales_up():
+    """A ReLU torso's output can grow without bound. In NumberLine and Points24 runs it grew
+    40-fold, every LSTM gate saturated, and the hidden state, so the policy, became the same
+    for every image: no gradient could undo it (docs/gym_cards.md). The LSTM reads
+    layer-normalized features, so the torso's scale does not reach the gates."""
+    from fleetrl.envs.gym_cards.numberline import NumberLineEnv
+
+    env = NumberLineEnv(image_size=32)
+    images = []
+    for target, current in [(0, 5), (5, 0), (2, 3), (3, 2)]:
+        env.target, env.current = target, current
+        images.append(env.render())
+    obs = {"image": torch.from_numpy(np.stack(images))}
+    torch.manual_seed(0)
+    agent = ConvLSTMAgent(32, 2)
+
+    def gates_and_hidden():
+        with torch.no_grad():
+            features = agent.torso(obs)
+            gates = features @ agent.core.weight_ih.T + agent.core.bias_ih + agent.core.bias_hh
+            hidden, _ = agent.neck(features, agent.initial_state(obs))
+        return (gates.abs() > 5).float().mean().item(), hidden.std(0).mean().item()
+
+    saturated, spread = gates_and_hidden()
+    with torch.no_grad():
+        agent.project[0].weight.mul_(40)
+        agent.project[0].bias.mul_(40)
+    saturated_scaled, spread_scaled = gates_and_hidden()
+    assert saturated_scaled < 0.1, f"{saturated_scaled:.0%} of the gates saturated"
+    assert spread_scaled == pytest.approx(spread, rel=0.05)
+    assert spread > 0.01
