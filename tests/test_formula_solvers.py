@@ -106,3 +106,38 @@ def test_the_points24_solver_solves_1000_random_deals_or_says_there_is_none():
             assert play(env, tokens) == 10.0
     # Deals are of ranks 1-13, so tens are common; about a fifth of them have no solution.
     assert 100 < unsolvable < 350
+
+
+def _in_order(values: tuple[int, ...]) -> frozenset[Fraction]:
+    """Every value of a formula that keeps `values` in this order."""
+    if len(values) == 1:
+        return frozenset({Fraction(values[0])})
+    results = set()
+    for split in range(1, len(values)):
+        for a in _in_order(values[:split]):
+            for b in _in_order(values[split:]):
+                results.update((a + b, a - b, a * b))
+                if b:
+                    results.add(a / b)
+    return frozenset(results)
+
+
+def test_the_points24_solver_keeps_the_cards_order_whenever_some_formula_does():
+    """The numbers of its formula follow the cards left to right unless no formula in that
+    order makes 24, so an agent that imitates it mostly reads the next card."""
+    assert formula_for((1, 2, 3, 4), 24, "+-*/") == ("(", "(", "1", "+", "2", ")", "+", "3", ")", "*", "4")
+    rng = np.random.default_rng(7)
+    kept = reordered = 0
+    for _ in range(300):
+        values = tuple(int(v) for v in rng.integers(1, 11, size=4))
+        tokens = formula_for(values, 24, "+-*/")
+        if tokens is None:
+            continue
+        numbers = tuple(int(t) for t in tokens if t.isdigit())
+        if Fraction(24) in _in_order(values):
+            assert numbers == values, (values, tokens)
+            kept += 1
+        else:
+            assert sorted(numbers) == sorted(values) and numbers != values
+            reordered += 1
+    assert kept > 100 and reordered > 30  # both cases were exercised

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from fractions import Fraction
 
 
@@ -68,38 +68,44 @@ def evaluate(tokens: Sequence[str]) -> Fraction:
     return result
 
 
-@functools.lru_cache(maxsize=8192)
+@functools.lru_cache(maxsize=16384)
 def formula_for(values: tuple[int, ...], target: int, operators: str) -> tuple[str, ...] | None:
     """Tokens of a formula that uses each of `values` once, with `operators` and
-    parentheses, and equals `target`; None if there is none. Deterministic: the first found
-    in a fixed search order. Every composite operand is in parentheses, so a formula of four
-    numbers has at most 11 tokens."""
-    numbers = [Fraction(v) for v in values]
-    # Whether the target can be reached depends only on the values left, not on how they
-    # were written: each multiset that failed once is not searched again.
-    dead_ends: set[tuple[Fraction, ...]] = set()
+    parentheses, and equals `target`; None if there is none. Every composite operand is in
+    parentheses, so a formula of four numbers has at most 11 tokens.
 
-    def search(items: list[tuple[Fraction, tuple[str, ...]]]) -> tuple[str, ...] | None:
-        if len(items) == 1:
-            return items[0][1] if items[0][0] == target else None
-        left = tuple(sorted(value for value, _ in items))
-        if left in dead_ends:
-            return None
-        for i, j in itertools.permutations(range(len(items)), 2):
-            (a, ta), (b, tb) = items[i], items[j]
-            rest = [item for k, item in enumerate(items) if k not in (i, j)]
-            for op in operators:
-                if op == "/" and b == 0:
-                    continue
-                value = {"+": a + b, "-": a - b, "*": a * b, "/": a / b if b else None}[op]
-                tokens = _operand(ta) + (op,) + _operand(tb)
-                found = search(rest + [(value, tokens)])
-                if found is not None:
-                    return found
-        dead_ends.add(left)
-        return None
+    Deterministic, and it prefers the numbers in the order given (the cards left to right):
+    only if no formula keeps that order does it try other orders, in permutation order. For
+    an agent that imitates it from pixels, each number is then mostly "the next card", a
+    reading task, rather than a choice among the cards. Within one order it prefers the
+    running total, ((a op b) op c) op d, and the operators in the order given."""
+    tried: set[tuple[int, ...]] = set()
+    for order in itertools.permutations(values):
+        if order in tried:  # equal cards: the same order again
+            continue
+        tried.add(order)
+        for value, tokens in _formulas_in_order(tuple(Fraction(v) for v in order), operators):
+            if value == target:
+                return tokens
+    return None
 
-    return search([(n, (str(v),)) for n, v in zip(numbers, values)])
+
+def _formulas_in_order(numbers: tuple[Fraction, ...], operators: str) -> Iterator[tuple[Fraction, tuple[str, ...]]]:
+    """(value, tokens) of every formula of `numbers` in this order: each binary tree over
+    them, the last split first (so the left-deep tree comes first), with every operator."""
+    if len(numbers) == 1:
+        yield numbers[0], (str(numbers[0]),)
+        return
+    for split in range(len(numbers) - 1, 0, -1):
+        lefts = list(_formulas_in_order(numbers[:split], operators))
+        rights = list(_formulas_in_order(numbers[split:], operators))
+        for a, left in lefts:
+            for b, right in rights:
+                for op in operators:
+                    if op == "/" and b == 0:
+                        continue
+                    value = a + b if op == "+" else a - b if op == "-" else a * b if op == "*" else a / b
+                    yield value, _operand(left) + (op,) + _operand(right)
 
 
 def _operand(tokens: tuple[str, ...]) -> tuple[str, ...]:
