@@ -91,6 +91,9 @@ def test_ppo_loss_matches_hand_computed_values():
     assert logs["ppo/clip_fraction"].item() == pytest.approx(2 / 3)
     kl = ((1.5 - 1 - math.log(1.5)) + (0.5 - 1 - math.log(0.5)) + (1.1 - 1 - math.log(1.1))) / 3
     assert logs["ppo/approx_kl"].item() == pytest.approx(kl)
+    assert logs["ppo/ratio_max"].item() == pytest.approx(1.5)
+    masked = {**ppo_inputs(), "valid": torch.tensor([[0.0, 1.0, 1.0]]).T}  # the 1.5 step is masked out
+    assert ppo_loss(**masked, config=config)[1]["ppo/ratio_max"].item() == pytest.approx(1.1)
     # The advantages' spread before any normalization: std of 2, -1, 3 over the batch.
     assert logs["policy/advantage_std"].item() == pytest.approx(math.sqrt(78 / 27))
 
