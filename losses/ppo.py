@@ -71,7 +71,7 @@ def ppo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: t
             "ppo/approx_kl": masked_mean((ratio - 1) - log_ratio, valid),
             "ppo/clip_fraction": masked_mean(((ratio < 1 - config.clip_eps_low) |
                                               (ratio > 1 + config.clip_eps_high)).float(), valid),
-            # One rare action whose probability jumped shows here long before it moves the mean.
+            # One rare action whose probability jumped, which the mean KL cannot tell from a broad shift.
             "ppo/ratio_max": torch.where(valid > 0, ratio, torch.zeros_like(ratio)).max(),
             "value/explained_variance": explained_variance(old_values, returns, value_valid),
         }
