@@ -46,6 +46,9 @@ class ProblemConfig(LossConfig):
                                                       "--total_env_steps, if the run has one "
                                                       "(fleetrl.losses.lr_schedule).")
     adam_eps: float = setting(1e-8, "Adam's epsilon.")
+    adam_beta1: float = setting(0.9, "Adam's first-moment decay (its momentum); 0 takes each step from the current "
+                                     "gradient alone.")
+    adam_beta2: float = setting(0.999, "Adam's second-moment decay.")
     max_grad_norm: float = setting(40.0, "Gradients are clipped to this global norm.")
     teacher_forcing_fraction: float = setting(
         0.0, "The share of episodes that execute the oracle's action and train with cross-entropy on it instead of "
@@ -66,6 +69,12 @@ class ProblemConfig(LossConfig):
         check_choice("learning_rate_schedule", self.learning_rate_schedule, SCHEDULES)
         for name in ("chunk_size", "eval_episodes"):
             check_range(name, getattr(self, name), low=1)
+        for name in ("adam_beta1", "adam_beta2"):
+            if not 0 <= getattr(self, name) < 1:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+
+    def adam_betas(self) -> tuple[float, float]:
+        return (self.adam_beta1, self.adam_beta2)
 
 
 class Problem:
@@ -205,7 +214,8 @@ class Problem:
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         # foreach: one call per update for all tensors, not a Python loop over them (CPU's default).
-        return torch.optim.Adam(params, lr=self.config.learning_rate, eps=self.config.adam_eps, fused=True)
+        return torch.optim.Adam(params, lr=self.config.learning_rate, eps=self.config.adam_eps,
+                                betas=self.config.adam_betas(), fused=True)
 
     def policy_logits_size(self) -> int:
         """How many logits the default categorical policy reads: the Discrete space's n, or

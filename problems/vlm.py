@@ -133,7 +133,8 @@ class VLMProblem(Problem):
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         trainable = [p for p in params if p.requires_grad]  # the frozen base model has no optimizer state
-        return torch.optim.Adam(trainable, lr=self.config.learning_rate, eps=self.config.adam_eps, foreach=True)
+        return torch.optim.Adam(trainable, lr=self.config.learning_rate, eps=self.config.adam_eps,
+                                betas=self.config.adam_betas(), foreach=True)
 
     # ----- the policy over answers -----
 

@@ -73,6 +73,7 @@ def test_python_and_the_command_line_build_the_same_learner(tmp_path, repo_root)
     (lambda: load_problem("cartpole", {"algorithm": "dqn"}), "unknown algorithm 'dqn'; choose from grpo, ppo"),
     (lambda: load_problem("cartpole", {"discount": "1.5"}), r"discount must be in \[0, 1\], got 1.5"),
     (lambda: load_problem("cartpole", {"logprob_type": "chunk"}), "unknown logprob_type 'chunk'"),
+    (lambda: load_problem("cartpole", {"adam_beta2": "1"}), r"adam_beta2 must be in \[0, 1\), got 1.0"),
     (lambda: load_problem("grid_nav", {"teacher_forcing_fraction": "2"}), "teacher_forcing_fraction must be in"),
     (lambda: load_problem("pendulum", {"action_squash": "cube"}), "unknown action_squash 'cube'; choose from tanh"),
     (lambda: load_problem("r2r", {"reward": "spl"}), "unknown reward 'spl'; choose from distance, dtw"),
@@ -85,6 +86,13 @@ def test_python_and_the_command_line_build_the_same_learner(tmp_path, repo_root)
 def test_each_config_refuses_bad_values_by_name(build, message):
     with pytest.raises(ValueError, match=message):
         build()
+
+
+@pytest.mark.parametrize("name", ["cartpole", "gym_cards/numberline"])
+def test_adams_settings_reach_the_optimizer(name):
+    problem = load_problem(name, {"adam_beta1": "0", "adam_beta2": "0.99", "adam_eps": "1e-5", "learning_rate": "3e-4"})
+    group = problem.make_optimizer(problem.make_agent().parameters()).param_groups[0]
+    assert (group["betas"], group["eps"], group["lr"]) == ((0.0, 0.99), 1e-5, 3e-4)
 
 
 def test_a_problems_boolean_fields_are_boolean_flags(tmp_path, repo_root):
