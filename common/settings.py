@@ -51,13 +51,16 @@ def fill_problem_settings(config: Any, choices: Any) -> None:
 
 
 def check_range(name: str, value: float | None, low: float | None = None, high: float | None = None,
-                low_open: bool = False) -> None:
-    """Raises ValueError naming the setting when `value` is outside [low, high] ((low, high] with low_open)."""
+                low_open: bool = False, high_open: bool = False) -> None:
+    """Raises ValueError naming the setting when `value` is outside [low, high] (an open end
+    with low_open or high_open)."""
     if value is None:
         return
     too_low = low is not None and (value <= low if low_open else value < low)
-    if too_low or (high is not None and value > high):
-        bounds = f"{'(' if low_open else '['}{'-inf' if low is None else low}, {'inf' if high is None else high}]"
+    too_high = high is not None and (value >= high if high_open else value > high)
+    if too_low or too_high:
+        bounds = (f"{'(' if low_open else '['}{'-inf' if low is None else low}, "
+                  f"{'inf' if high is None else high}{')' if high_open else ']'}")
         raise ValueError(f"{name} must be in {bounds}, got {value}")
 
 

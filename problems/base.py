@@ -70,8 +70,7 @@ class ProblemConfig(LossConfig):
         for name in ("chunk_size", "eval_episodes"):
             check_range(name, getattr(self, name), low=1)
         for name in ("adam_beta1", "adam_beta2"):
-            if not 0 <= getattr(self, name) < 1:
-                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+            check_range(name, getattr(self, name), low=0, high=1, high_open=True)
 
     def adam_betas(self) -> tuple[float, float]:
         return (self.adam_beta1, self.adam_beta2)
