@@ -74,7 +74,8 @@ class Learner:
         self.problem = problem or load_problem(config.problem, config.hparams)
         self.agent = self.problem.make_agent().to(self.device)
         self.optimizer = self.problem.make_optimizer(self.agent.parameters())
-        self.lr_schedule = LearningRateSchedule(self.problem.config.learning_rate_schedule, config.total_env_steps)
+        self.lr_schedule = LearningRateSchedule(self.problem.config.learning_rate_schedule, config.total_env_steps,
+                                                self.problem.config.learning_rate_warmup_updates)
         if self.problem.config.learning_rate_schedule != "constant" and not self.lr_schedule.decays:
             log.warning("learning_rate_schedule=%s decays over --total_env_steps, and this run has none: the "
                         "learning rate stays at %g", self.problem.config.learning_rate_schedule,
@@ -161,7 +162,7 @@ class Learner:
                 waited = time.monotonic() - started
                 if not self.config.train:
                     continue
-                self.lr_schedule.apply(self.optimizer, self.inference.env_steps)
+                self.lr_schedule.apply(self.optimizer, self.inference.env_steps, self.policy.version)
                 self.scalars.add_all(self.trainer.update(batch))
                 self.scalars.add("learner/trainer_idle_fraction", waited / max(time.monotonic() - started, 1e-9))
                 self.run_state.save_if_due()

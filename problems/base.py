@@ -45,6 +45,9 @@ class ProblemConfig(LossConfig):
     learning_rate_schedule: str = setting("constant", "constant, or linear: decay the learning rate to 0 over "
                                                       "--total_env_steps, if the run has one "
                                                       "(fleetrl.losses.lr_schedule).")
+    learning_rate_warmup_updates: int = setting(
+        0, "Optimizer steps over which the learning rate rises linearly from 0 to its value, so that a fresh Adam's "
+           "first steps do not knock a warm-started or pretrained model off (fleetrl.losses.lr_schedule); 0: none.")
     adam_eps: float = setting(1e-8, "Adam's epsilon.")
     adam_beta1: float = setting(0.9, "Adam's first-moment decay (its momentum); 0 takes each step from the current "
                                      "gradient alone.")
@@ -69,6 +72,7 @@ class ProblemConfig(LossConfig):
         check_choice("learning_rate_schedule", self.learning_rate_schedule, SCHEDULES)
         for name in ("chunk_size", "eval_episodes"):
             check_range(name, getattr(self, name), low=1)
+        check_range("learning_rate_warmup_updates", self.learning_rate_warmup_updates, low=0)
         for name in ("adam_beta1", "adam_beta2"):
             check_range(name, getattr(self, name), low=0, high=1, high_open=True)
 

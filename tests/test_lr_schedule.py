@@ -13,6 +13,24 @@ def test_a_linear_schedule_decays_to_zero_over_the_budget_and_stays_there():
     assert LearningRateSchedule("constant", 1000).factor(999) == 1.0
 
 
+def test_a_warmup_rises_linearly_over_its_updates_then_leaves_the_schedule_alone():
+    warmup = LearningRateSchedule("constant", 0, warmup_updates=4)
+    assert [warmup.factor(0, updates) for updates in range(6)] == pytest.approx([0.25, 0.5, 0.75, 1, 1, 1])
+    both = LearningRateSchedule("linear", 1000, warmup_updates=4)
+    assert [both.factor(500, updates) for updates in (0, 3, 100)] == pytest.approx([0.125, 0.5, 0.5])
+
+
+def test_a_warmup_ends_at_the_full_rate_when_batches_step_past_its_last_update():
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    optimizer = torch.optim.Adam([parameter], lr=1e-3)
+    schedule = LearningRateSchedule("constant", 0, warmup_updates=5)
+    for updates in (0, 2, 4):  # batches of 2 optimizer steps each
+        schedule.apply(optimizer, 0, updates)
+        assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3 * (updates + 1) / 5)
+    schedule.apply(optimizer, 0, 6)
+    assert optimizer.param_groups[0]["lr"] == pytest.approx(1e-3)
+
+
 def test_the_schedule_scales_each_parameter_group_from_its_own_rate():
     first, second = torch.nn.Parameter(torch.zeros(1)), torch.nn.Parameter(torch.zeros(1))
     optimizer = torch.optim.Adam([{"params": [first]}, {"params": [second], "lr": 1e-4}], lr=2e-3)
@@ -49,6 +67,23 @@ def test_the_learner_decays_the_rate_as_env_steps_are_served(tmp_path, unroll_ba
     learner.lr_schedule.apply(learner.optimizer, learner.inference.env_steps)
     assert learner.trainer.update(unroll_batch(learner.problem, learner.agent))["optim/learning_rate"] == \
         pytest.approx(0.75e-3)
+
+
+def test_the_learner_warms_up_over_its_first_updates_and_a_resumed_run_does_not(tmp_path, unroll_batch):
+    from fleetrl.learner.config import LearnerConfig
+    from fleetrl.learner.learner import Learner
+
+    learner = Learner(LearnerConfig(problem="cartpole", hparams={"learning_rate_warmup_updates": "10"},
+                                    logdir=str(tmp_path), bind="127.0.0.1:0"))
+    batch = unroll_batch(learner.problem, learner.agent)
+    rate = learner.problem.config.learning_rate
+    learner.lr_schedule.apply(learner.optimizer, 0, learner.policy.version)
+    assert learner.trainer.update(batch)["optim/learning_rate"] == pytest.approx(rate / 10)
+    learner.policy.version = 25  # as a resumed run's, whose Adam has its history back
+    learner.lr_schedule.apply(learner.optimizer, 0, learner.policy.version)
+    assert learner.trainer.update(batch)["optim/learning_rate"] == pytest.approx(rate)
+    with pytest.raises(ValueError, match="learning_rate_warmup_updates must be in"):
+        load_problem("cartpole", {"learning_rate_warmup_updates": "-1"})
 
 
 def test_the_reward_scale_scales_the_rewards_the_loss_sees(unroll_batch):
