@@ -85,6 +85,11 @@ class Agent(nn.Module):
         tokens/s, say); the learner drains them with each summary write."""
         return {}
 
+    def update_statistics(self, observation: Observation) -> None:
+        """Updates input statistics the agent keeps (a running observation normalizer's) from
+        a training batch's observations ([T+1, B, ...] tensors). The trainer calls it once per
+        batch, under the policy lock, before the batch's updates; the default keeps none."""
+
     def step(self, observation: Observation, first: torch.Tensor, state: State) -> tuple[AgentOutput, State]:
         """One inference step of B envs: `unroll` with T=1."""
         obs = pytree.tree_map(lambda x: x.unsqueeze(0), observation)

@@ -10,6 +10,9 @@ import torch
 from torch import nn
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
+from fleetrl.agents.observation_norm import RunningImageNorm
+
+OBSERVATION_NORMS = ("image", "running")
 
 
 def conv_torso(image_size: int | tuple[int, int], channels: tuple[int, ...] = (32, 64, 64)) -> tuple[nn.Module, int]:
@@ -29,9 +32,18 @@ def conv_torso(image_size: int | tuple[int, int], channels: tuple[int, ...] = (3
 
 class ConvLSTMAgent(Agent):
     def __init__(self, image_size: int | tuple[int, int], num_actions: int, channels: tuple[int, ...] = (32, 64, 64),
-                 hidden_size: int = 256, lstm_size: int = 128, image_key: str = "image"):
+                 hidden_size: int = 256, lstm_size: int = 128, image_key: str = "image",
+                 observation_norm: str = "image"):
+        """`observation_norm`: "image" standardizes each image by its own mean and std;
+        "running" standardizes each pixel by the statistics of all training images so far
+        (fleetrl.agents.observation_norm), for tasks whose images are nearly the same in
+        every state."""
         super().__init__()
+        if observation_norm not in OBSERVATION_NORMS:
+            raise ValueError(f"unknown observation_norm {observation_norm!r}; known: {', '.join(OBSERVATION_NORMS)}")
         self.image_key = image_key
+        height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
+        self.pixel_norm = RunningImageNorm(height, width) if observation_norm == "running" else None
         self.conv, width = conv_torso(image_size, channels)
         # The LSTM reads layer-normalized features. A ReLU torso can scale its output up freely,
         # and a near-deterministic policy's gradient keeps asking for sharper features; without
@@ -49,6 +61,8 @@ class ConvLSTMAgent(Agent):
         return (zeros, zeros.clone())
 
     def torso(self, observation: Observation) -> torch.Tensor:
+        if self.pixel_norm is not None:
+            return self.project(self.conv(self.pixel_norm(observation[self.image_key])))
         image = observation[self.image_key].permute(0, 3, 1, 2).float()
         # Per-image standardization: a flat background (white paper, green felt) becomes 0,
         # so the first convolutions respond to the digits and cards, not to the background.
@@ -56,6 +70,10 @@ class ConvLSTMAgent(Agent):
         std = image.std(dim=(1, 2, 3), keepdim=True).clamp(min=1.0)
         image = (image - mean) / std
         return self.project(self.conv(image))
+
+    def update_statistics(self, observation: Observation) -> None:
+        if self.pixel_norm is not None:
+            self.pixel_norm.update(observation[self.image_key])
 
     def neck(self, torso_output: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
         h, c = self.core(torso_output, state)

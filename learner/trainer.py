@@ -55,6 +55,8 @@ class Trainer:
         steps: list[dict[str, float]] = []
         with self.policy.lock if self.block_inference else contextlib.nullcontext():
             lag = self.policy.version - batch.policy_version[:-1].float().mean()
+            with self.policy.lock:  # inference reads the statistics too; the lock is reentrant
+                self.agent.update_statistics(batch.observation)
             prepared = self.algorithm.prepare(self.problem, batch)
             for _ in range(self.epochs):
                 if self.minibatches == 1:  # the whole batch: no shuffle, no copy

@@ -153,8 +153,9 @@ def wire():
 
 @pytest.fixture
 def unroll_batch():
-    def make(problem, agent, unroll_length=5, num_envs=8) -> UnrollBatch:
-        """Real unrolls of random CartPole-shaped steps through the learner's own inference step."""
+    def make(problem, agent, unroll_length=5, num_envs=8, observe=None) -> UnrollBatch:
+        """Real unrolls of random steps through the learner's own inference step; CartPole-shaped
+        observations, or `observe(rng, num_envs)`'s."""
         store = build_state_store(problem, agent, unroll_length, torch.device("cpu"))
         unrolls = []
         inference = InferenceStep(problem, agent, PolicyVersion(), store, lambda u: unrolls.append(u) or True,
@@ -163,7 +164,8 @@ def unroll_batch():
         rng = np.random.default_rng(0)
         for _ in range(unroll_length + 1):
             ended = rng.uniform(size=num_envs) < 0.1
-            observation = {"observation": rng.normal(size=(num_envs, 4)).astype(np.float32)}
+            observation = observe(rng, num_envs) if observe else \
+                {"observation": rng.normal(size=(num_envs, 4)).astype(np.float32)}
             inference([StepRequest(slots=slots, run_ids=run_ids, observation=observation, extras={},
                                    reward=np.ones(num_envs, np.float32), terminated=ended,
                                    truncated=np.zeros(num_envs, bool))])

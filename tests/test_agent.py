@@ -88,6 +88,12 @@ def image_observations(num_steps, batch):
     return {"image": torch.randint(0, 256, (num_steps, batch, 16, 16, 3), dtype=torch.uint8)}
 
 
+def with_statistics(agent):
+    """An agent whose running input statistics have seen some images, as a trained one's have."""
+    agent.update_statistics(image_observations(5, 4))
+    return agent
+
+
 def manipulation_observations(num_steps, batch):
     tasks = ["open the top drawer", "put the bowl on the plate", "turn on the stove"]
     language = torch.stack([torch.from_numpy(encode_language(tasks[i % 3])) for i in range(num_steps * batch)])
@@ -99,11 +105,13 @@ def manipulation_observations(num_steps, batch):
 @pytest.mark.parametrize("make_agent, make_obs", [
     (lambda: VLNAgent(vocab_size=20, feature_dim=5, hidden_size=16, embedding_size=8), vln_observations),
     (lambda: ConvLSTMAgent(16, 3, (4, 8), hidden_size=16, lstm_size=8), image_observations),
+    (lambda: with_statistics(ConvLSTMAgent(16, 3, (4, 8), hidden_size=16, lstm_size=8, observation_norm="running")),
+     image_observations),
     (lambda: VLAAgent(chunk_size=3, channels=(4, 8), hidden_size=16, grid=2, text_encoder="minilm",
                       value_pooling="attention"), manipulation_observations),
     (lambda: VLAAgent(chunk_size=3, channels=(4, 8), hidden_size=16, grid=2, text_encoder="bytes",
                       value_pooling="max"), manipulation_observations),
-], ids=["vln", "conv_lstm", "vla_minilm", "vla_bytes"])
+], ids=["vln", "conv_lstm", "conv_lstm_running_norm", "vla_minilm", "vla_bytes"])
 def test_task_agents_step_by_step_equal_their_unroll(make_agent, make_obs):
     """The navigation agent's instruction encoding lives in its state and is redone at each
     episode start; stepping (inference, T=1) and unrolling (training) agree all the same."""
