@@ -42,9 +42,9 @@ class ConvLSTMAgent(Agent):
         if observation_norm not in OBSERVATION_NORMS:
             raise ValueError(f"unknown observation_norm {observation_norm!r}; known: {', '.join(OBSERVATION_NORMS)}")
         self.image_key = image_key
-        height, width = (image_size, image_size) if isinstance(image_size, int) else image_size
-        self.pixel_norm = RunningImageNorm(height, width) if observation_norm == "running" else None
-        self.conv, width = conv_torso(image_size, channels)
+        height_width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
+        self.pixel_norm = RunningImageNorm(*height_width) if observation_norm == "running" else None
+        self.conv, width = conv_torso(height_width, channels)
         # The LSTM reads layer-normalized features. A ReLU torso can scale its output up freely,
         # and a near-deterministic policy's gradient keeps asking for sharper features; without
         # the norm that growth drove every LSTM gate into saturation (NumberLine's collapse to
