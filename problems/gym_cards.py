@@ -60,9 +60,11 @@ class GymCardsConfig(ProblemConfig):
 class NumberLineConfig(GymCardsConfig):
     """NumberLine's images differ only in two digits. Standardized each by itself, a
     converged policy's features kept collapsing (dips to 47% on every seed); per pixel,
-    over the running statistics, the agent reads only the digits (docs/gym_cards.md)."""
+    over the running statistics, the agent reads only the digits, and with PPO's epochs
+    stopped at a KL of 0.02 no seed of four fell below 85% (docs/gym_cards.md)."""
 
     observation_norm: str = "running"
+    target_kl: float | None = 0.02
 
 
 @dataclasses.dataclass

@@ -221,9 +221,10 @@ def test_each_task_is_a_registered_problem_with_an_image_agent(name):
 def test_numberline_is_learned_from_pixels_through_the_whole_system(tmp_path, local_run):
     """PPO from 32x32 images, real learner and actors. The deterministic policy of a fresh
     agent succeeds on about half the episodes (always "+" or always "-"), a random one on
-    about a quarter; the published CNN baseline reaches 87%."""
+    about a quarter; the published CNN baseline reaches 87%. With the running pixel
+    normalization, 12 seeds of 12 first reached 95% by 2.8k env steps; 15k leaves room."""
 
-    process, tag = local_run.start(tmp_path, "--problem=gym_cards/numberline", "--seed=0", "--total_env_steps=30000",
+    process, tag = local_run.start(tmp_path, "--problem=gym_cards/numberline", "--seed=0", "--total_env_steps=15000",
                                "--num_eval_actors=1", "--eval_interval_s=10")
     code, output = local_run.finish(process, tag)
     assert code == 0, output
