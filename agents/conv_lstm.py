@@ -11,6 +11,7 @@ from torch import nn
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
 from fleetrl.agents.observation_norm import RunningImageNorm
+from fleetrl.common.settings import check_choice
 
 OBSERVATION_NORMS = ("image", "running")
 
@@ -39,8 +40,7 @@ class ConvLSTMAgent(Agent):
         (fleetrl.agents.observation_norm), for tasks whose images are nearly the same in
         every state."""
         super().__init__()
-        if observation_norm not in OBSERVATION_NORMS:
-            raise ValueError(f"unknown observation_norm {observation_norm!r}; known: {', '.join(OBSERVATION_NORMS)}")
+        check_choice("observation_norm", observation_norm, OBSERVATION_NORMS)
         self.image_key = image_key
         height_width = (image_size, image_size) if isinstance(image_size, int) else tuple(image_size)
         self.pixel_norm = RunningImageNorm(*height_width) if observation_norm == "running" else None

@@ -40,6 +40,8 @@ class Trainer:
         self.minibatches = problem.config.minibatches or self.algorithm.default_minibatches
         self.accumulation_steps = problem.config.accumulation_steps
         self.shuffle_generator = torch.Generator().manual_seed(seed)
+        # Agents that keep no input statistics skip the hook, and the lock it takes, each batch.
+        self._keeps_statistics = type(agent).update_statistics is not Agent.update_statistics
         self._parameters = list(agent.parameters())  # walking the module tree each step costs more than the clip
         # In updates (one batch's epochs x minibatches optimizer steps): how much older the
         # policy that acted is than the one being trained, averaged over the batch's steps.
@@ -55,8 +57,9 @@ class Trainer:
         steps: list[dict[str, float]] = []
         with self.policy.lock if self.block_inference else contextlib.nullcontext():
             lag = self.policy.version - batch.policy_version[:-1].float().mean()
-            with self.policy.lock:  # inference reads the statistics too; the lock is reentrant
-                self.agent.update_statistics(batch.observation)
+            if self._keeps_statistics:
+                with self.policy.lock:  # inference reads the statistics too; the lock is reentrant
+                    self.agent.update_statistics(batch.observation)
             prepared = self.algorithm.prepare(self.problem, batch)
             for _ in range(self.epochs):
                 if self.minibatches == 1:  # the whole batch: no shuffle, no copy
