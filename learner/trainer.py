@@ -61,6 +61,8 @@ class Trainer:
                 with self.policy.lock:  # inference reads the statistics too; the lock is reentrant
                     self.agent.update_statistics(batch.observation)
             prepared = self.algorithm.prepare(self.problem, batch)
+            if self.problem.config.anchor_kl_cost > 0:
+                prepared["anchor_logits"] = self._policy_logits(batch)
             for _ in range(self.epochs):
                 if self.minibatches == 1:  # the whole batch: no shuffle, no copy
                     minibatches = [(batch, prepared)]
@@ -82,6 +84,16 @@ class Trainer:
         self.last_policy_lag = float(lag) / (self.epochs * self.minibatches)
         logs["learner/policy_lag_updates"] = self.last_policy_lag
         return logs
+
+    @torch.no_grad()
+    def _policy_logits(self, batch: UnrollBatch) -> torch.Tensor:
+        """The policy before this batch's updates, on every step of it: the anchor of
+        `anchor_kl_cost`."""
+        outputs, _ = self.agent.unroll(batch.observation, batch.first, batch.initial_state, batch.action)
+        if "policy_logits" not in outputs:
+            raise ValueError(f"anchor_kl_cost needs a categorical policy, but {type(self.agent).__name__} "
+                             f"outputs no policy_logits (it outputs {sorted(outputs)})")
+        return outputs["policy_logits"]
 
     def _step(self, minibatch: UnrollBatch, prepared: dict[str, torch.Tensor]) -> dict[str, float]:
         """One optimizer step; with accumulation_steps > 1, its gradient is the mean of the

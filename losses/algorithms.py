@@ -40,7 +40,7 @@ from fleetrl.losses.chunks import (
 from fleetrl.losses.config import LossConfig
 from fleetrl.losses.gae import gae
 from fleetrl.losses.group_advantages import GROUP_ADVANTAGE, GroupAdvantages
-from fleetrl.losses.ppo import ppo_loss
+from fleetrl.losses.ppo import categorical_kl, ppo_loss
 from fleetrl.losses.training_problem import TrainingProblem
 from fleetrl.losses.transitions import transitions
 from fleetrl.losses.unroll_hook import UnrollHook
@@ -155,6 +155,8 @@ class PPO(Algorithm):
             valid=loss_mask(prepared["valid"], mask, log_probs.shape),
             value_valid=loss_mask(prepared["valid"], mask, returns.shape), entropy_valid=prepared["valid"],
             config=problem.config,
+            anchor_kl=(categorical_kl(prepared["anchor_logits"][:-1], outputs["policy_logits"][:-1])
+                       if "anchor_logits" in prepared else None),
         )
 
 

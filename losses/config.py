@@ -45,6 +45,11 @@ class LossConfig:
     target_kl: float | None = setting(
         None, "PPO: a batch's remaining epochs and minibatches are skipped once a minibatch's approx KL from the "
               "policy that acted exceeds 1.5 x this (as SB3 and CleanRL do); none: off.")
+    anchor_kl_cost: float = setting(
+        0.0, "PPO: weight of KL(before || now) on each sampled state's whole action distribution, where before is "
+             "the policy at the start of the batch's updates (categorical policy_logits only; 0: off). PPO's clip "
+             "only removes the incentive to move a state further; this pulls back a state that drifts while its "
+             "advantages are near 0.")
 
     # Action chunks (fleetrl.losses.chunks).
     reward_type: str = setting("chunk_level", "With action chunks: chunk_level trains on one reward per step (the "
@@ -74,6 +79,9 @@ class LossConfig:
         for name in ("gae_lambda", "lambda_"):
             check_range(name, getattr(self, name), low=0, high=1)
         check_range("target_kl", self.target_kl, low=0, low_open=True)
+        check_range("anchor_kl_cost", self.anchor_kl_cost, low=0)
+        if self.anchor_kl_cost and self.algorithm != "ppo":
+            raise ValueError(f"anchor_kl_cost applies to algorithm=ppo only, got algorithm={self.algorithm}")
         for name in ("clip_eps_low", "clip_eps_high"):
             check_range(name, getattr(self, name), low=0)
         check_range("dual_clip", self.dual_clip, low=1, low_open=True)

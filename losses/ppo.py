@@ -7,7 +7,8 @@ with Deep Reinforcement Learning") and value clipping.
     dual clip (Ye et al. 2020), for A < 0 only: L_pi = min(L_pi, -dual_clip * A)
     V_clip = V_old + clip(V - V_old, -eps_v, eps_v)
     L_V   = 0.5 * mean(max((R - V)^2, (R - V_clip)^2))     (Huber instead of squares: optional)
-    total = L_pi + baseline_cost * L_V - entropy_cost * H
+    anchor: KL(pi_before || pi) over each state's whole action distribution (optional)
+    total = L_pi + baseline_cost * L_V - entropy_cost * H + anchor_kl_cost * anchor
 
 Means run over valid transitions only (`valid` masks the autoreset step).
 """
@@ -25,14 +26,24 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
 
 
+def categorical_kl(before_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
+    """KL(before || now) per step: logits [T, B, ..., A]; dims past [T, B] are summed (the
+    actions of a chunk)."""
+    before = torch.log_softmax(before_logits.detach(), dim=-1)
+    kl = (before.exp() * (before - torch.log_softmax(logits, dim=-1))).sum(-1)
+    return kl.reshape(*kl.shape[:2], -1).sum(-1)
+
+
 def ppo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: torch.Tensor,
              values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, entropy: torch.Tensor,
              valid: torch.Tensor, config: LossConfig, value_valid: torch.Tensor | None = None,
-             entropy_valid: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+             entropy_valid: torch.Tensor | None = None,
+             anchor_kl: torch.Tensor | None = None) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """Inputs are [T, B] per transition, or finer with action chunks: the policy terms take
     the shape of `log_probs` and `valid`, the value terms that of `returns` and
-    `value_valid`, the entropy that of `entropy` and `entropy_valid` (both default to
-    `valid`). Advantages, returns and the old values carry no gradient."""
+    `value_valid`, the entropy and `anchor_kl` (`categorical_kl`) that of `entropy` and
+    `entropy_valid` (both default to `valid`). Advantages, returns and the old values carry
+    no gradient."""
     value_valid = valid if value_valid is None else value_valid
     entropy_valid = valid if entropy_valid is None else entropy_valid
     mean = masked_mean(advantages, valid)
@@ -60,6 +71,9 @@ def ppo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: t
     value_loss = 0.5 * masked_mean(value_errors, value_valid)
     mean_entropy = masked_mean(entropy, entropy_valid)
     total = policy_loss + config.baseline_cost * value_loss - config.entropy_cost * mean_entropy
+    if anchor_kl is not None:
+        mean_anchor_kl = masked_mean(anchor_kl, entropy_valid)
+        total = total + config.anchor_kl_cost * mean_anchor_kl
 
     with torch.no_grad():
         logs = {
@@ -75,4 +89,6 @@ def ppo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: t
             "ppo/ratio_max": torch.where(valid > 0, ratio, torch.zeros_like(ratio)).max(),
             "value/explained_variance": explained_variance(old_values, returns, value_valid),
         }
+        if anchor_kl is not None:
+            logs["ppo/anchor_kl"] = mean_anchor_kl.detach()
     return total, logs

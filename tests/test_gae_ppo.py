@@ -8,7 +8,7 @@ import torch
 
 from fleetrl.losses.config import LossConfig
 from fleetrl.losses.gae import gae
-from fleetrl.losses.ppo import ppo_loss
+from fleetrl.losses.ppo import categorical_kl, ppo_loss
 from fleetrl.losses.transitions import transitions
 
 
@@ -124,3 +124,44 @@ def test_ppo_normalizes_advantages_over_valid_steps_only():
     loss.backward()
     # At ratio 1 the gradient is -A_normalized / count: A = (2, -1) normalize to (1, -1).
     assert inputs["log_probs"].grad[:, 0].tolist() == pytest.approx([-0.5, 0.5, 0.0])
+
+
+def test_categorical_kl_matches_torch_and_sums_a_chunks_actions():
+    torch.manual_seed(0)
+    before, now = torch.randn(4, 3, 5), torch.randn(4, 3, 5)
+    expected = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=before),
+                                                 torch.distributions.Categorical(logits=now))
+    torch.testing.assert_close(categorical_kl(before, now), expected)
+    chunked_before, chunked_now = torch.randn(4, 3, 2, 5), torch.randn(4, 3, 2, 5)  # two actions per step
+    torch.testing.assert_close(categorical_kl(chunked_before, chunked_now),
+                               categorical_kl(chunked_before[:, :, 0], chunked_now[:, :, 0]) +
+                               categorical_kl(chunked_before[:, :, 1], chunked_now[:, :, 1]))
+    assert categorical_kl(before, before).abs().max() < 1e-6
+
+
+def test_the_anchor_pulls_a_drifted_state_back_when_its_advantage_is_zero():
+    """A state whose sampled action has advantage 0 gets no policy gradient; the anchor's
+    gradient moves its logits back toward the policy before the batch."""
+    config = LossConfig(algorithm="ppo", normalize_advantages=False, baseline_cost=0.0, entropy_cost=0.0,
+                        anchor_kl_cost=3.0)
+    anchor = torch.tensor([[[4.0, 0.0]]])  # [T=1, B=1, A=2]: the right action nearly always
+    logits = torch.tensor([[[1.0, 0.0]]], requires_grad=True)  # drifted toward the other action
+    log_probs = torch.log_softmax(logits, -1)[..., 0]
+    zero = torch.zeros(1, 1)
+    inputs = dict(log_probs=log_probs, old_log_probs=log_probs.detach(), advantages=zero, values=zero,
+                  old_values=zero, returns=zero, entropy=zero, valid=torch.ones(1, 1))
+    loss, logs = ppo_loss(**inputs, anchor_kl=categorical_kl(anchor, logits), config=config)
+    loss.backward()
+    kl = categorical_kl(anchor, logits.detach()).item()
+    assert logs["ppo/anchor_kl"].item() == pytest.approx(kl) and kl > 0.1
+    assert loss.item() == pytest.approx(3.0 * kl)  # the rest of the loss is 0 at advantage 0
+    assert logits.grad[0, 0, 0] < 0 < logits.grad[0, 0, 1]  # descent raises the right action's logit
+    without = ppo_loss(**{**inputs, "log_probs": torch.log_softmax(logits, -1)[..., 0]}, config=config)[0]
+    assert without.item() == pytest.approx(0.0)
+
+
+def test_anchor_kl_cost_is_checked_by_name():
+    with pytest.raises(ValueError, match="anchor_kl_cost"):
+        LossConfig(anchor_kl_cost=-1.0)
+    with pytest.raises(ValueError, match="anchor_kl_cost applies to algorithm=ppo only"):
+        LossConfig(algorithm="vtrace", anchor_kl_cost=1.0)

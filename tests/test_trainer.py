@@ -7,6 +7,7 @@ import torch
 
 from fleetrl.learner.inference import PolicyVersion
 from fleetrl.learner.trainer import Trainer
+from fleetrl.losses.ppo import categorical_kl
 from fleetrl.problems import load_problem
 
 
@@ -115,3 +116,40 @@ def test_accumulation_steps_must_divide_the_minibatch(unroll_batch):
                       torch.device("cpu"))
     with pytest.raises(ValueError, match="batch_size 8 does not split into 1 minibatches of 3 microbatches"):
         trainer.update(unroll_batch(problem, agent))
+
+
+def _batch_kl(agent, before, batch):
+    with torch.no_grad():
+        after = agent.unroll(batch.observation, batch.first, batch.initial_state, batch.action)[0]["policy_logits"]
+    return categorical_kl(before, after).mean().item()
+
+
+def test_the_anchor_keeps_each_state_nearer_the_policy_that_started_the_batch(unroll_batch):
+    """Same batch, same start, same steps: with anchor_kl_cost the batch's states end nearer
+    the policy before the update, and the loss logs the anchor's KL."""
+    hparams = {"algorithm": "ppo", "epochs": "4", "minibatches": "2", "learning_rate": "0.02"}
+    moved = {}
+    for cost in ("0", "10"):
+        problem = load_problem("cartpole", {**hparams, "anchor_kl_cost": cost})
+        torch.manual_seed(0)
+        agent = problem.make_agent()
+        batch = unroll_batch(problem, agent)
+        with torch.no_grad():
+            before = agent.unroll(batch.observation, batch.first, batch.initial_state)[0]["policy_logits"]
+        trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(),
+                          torch.device("cpu"))
+        logs = trainer.update(batch)
+        assert trainer.policy.version == 8
+        assert ("ppo/anchor_kl" in logs) == (cost != "0")
+        moved[cost] = _batch_kl(agent, before, batch)
+    assert 0 < moved["10"] < 0.5 * moved["0"], moved
+
+
+def test_the_anchor_refuses_a_policy_without_logits_by_name(unroll_batch):
+    problem = load_problem("pendulum", {"anchor_kl_cost": "1"})
+    agent = problem.make_agent()
+    trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(),
+                      torch.device("cpu"))
+    with pytest.raises(ValueError, match="anchor_kl_cost needs a categorical policy.*GaussianMLPAgent"):
+        trainer.update(unroll_batch(problem, agent, observe=lambda rng, n: {
+            "observation": rng.normal(size=(n, 3)).astype("float32")}))
