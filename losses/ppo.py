@@ -29,8 +29,8 @@ def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 def categorical_kl(before_logits: torch.Tensor, logits: torch.Tensor) -> torch.Tensor:
     """KL(before || now) per step: logits [T, B, ..., A]; dims past [T, B] are summed (the
     actions of a chunk)."""
-    before = torch.log_softmax(before_logits.detach(), dim=-1)
-    kl = (before.exp() * (before - torch.log_softmax(logits, dim=-1))).sum(-1)
+    kl = torch.distributions.kl_divergence(torch.distributions.Categorical(logits=before_logits.detach()),
+                                           torch.distributions.Categorical(logits=logits))
     return kl.reshape(*kl.shape[:2], -1).sum(-1)
 
 
