@@ -25,6 +25,7 @@ import sys
 import tempfile
 from typing import NamedTuple
 
+import numpy as np
 from absl import app, flags
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
@@ -52,6 +53,11 @@ def define_flags() -> None:
                                               "default: temporary, deleted after the run.")
 
 
+def at_least(value: float, threshold: float) -> bool:
+    """TensorBoard keeps float32: a round at 0.95 reads back as 0.949999988, below the float 0.95."""
+    return value >= float(np.float32(threshold))
+
+
 class Run(NamedTuple):
     seed: int
     final: float
@@ -62,7 +68,7 @@ class Run(NamedTuple):
 
     @property
     def passed(self) -> bool:
-        return self.final >= FLAGS.final and self.longest_dip < FLAGS.max_dip_steps
+        return at_least(self.final, FLAGS.final) and self.longest_dip < FLAGS.max_dip_steps
 
 
 def longest_dip(curve: list[tuple[int, float]], reached_at: int | None) -> int:
@@ -73,9 +79,9 @@ def longest_dip(curve: list[tuple[int, float]], reached_at: int | None) -> int:
     for step, value in curve:
         if step < reached_at:
             continue
-        if value < FLAGS.floor and start is None:
+        if not at_least(value, FLAGS.floor) and start is None:
             start = step
-        elif value >= FLAGS.floor and start is not None:
+        elif at_least(value, FLAGS.floor) and start is not None:
             longest, start = max(longest, step - start), None
     if start is not None:
         longest = max(longest, curve[-1][0] - start)
@@ -105,7 +111,7 @@ def train_in(seed: int, logdir: str) -> Run:
     else:
         with open(os.path.join(logdir, "summary.json")) as f:
             final = json.load(f)["mean_episode_return"]
-    reached_at = next((step for step, value in curve if value >= FLAGS.target), None)
+    reached_at = next((step for step, value in curve if at_least(value, FLAGS.target)), None)
     lowest = min((value for step, value in curve if step >= reached_at), default=None) \
         if reached_at is not None else None
     return Run(seed, final, max(value for _, value in curve), reached_at, longest_dip(curve, reached_at), lowest)
