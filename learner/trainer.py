@@ -21,6 +21,7 @@ import torch
 
 from fleetrl.agents.base import Agent
 from fleetrl.learner.inference import PolicyVersion
+from fleetrl.learner.state_trust_region import StateTrustRegion
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.base import Problem
 
@@ -43,6 +44,8 @@ class Trainer:
         # Agents that keep no input statistics skip the hook, and the lock it takes, each batch.
         self._keeps_statistics = type(agent).update_statistics is not Agent.update_statistics
         self._parameters = list(agent.parameters())  # walking the module tree each step costs more than the clip
+        max_state_kl = problem.config.max_state_kl
+        self.trust_region = None if max_state_kl is None else StateTrustRegion(agent, self._parameters, max_state_kl)
         # In updates (one batch's epochs x minibatches optimizer steps): how much older the
         # policy that acted is than the one being trained, averaged over the batch's steps.
         self.last_policy_lag = float("nan")
@@ -57,12 +60,18 @@ class Trainer:
         steps: list[dict[str, float]] = []
         with self.policy.lock if self.block_inference else contextlib.nullcontext():
             lag = self.policy.version - batch.policy_version[:-1].float().mean()
+            if self.problem.config.reset_momentum_each_batch:
+                self._reset_momentum()
             if self._keeps_statistics:
                 with self.policy.lock:  # inference reads the statistics too; the lock is reentrant
                     self.agent.update_statistics(batch.observation)
             prepared = self.algorithm.prepare(self.problem, batch)
-            if self.problem.config.anchor_kl_cost > 0:
-                prepared["anchor_logits"] = self._policy_logits(batch)
+            if self.problem.config.anchor_kl_cost > 0 or self.trust_region:
+                before_logits = self._policy_logits(batch)
+                if self.problem.config.anchor_kl_cost > 0:
+                    prepared["anchor_logits"] = before_logits
+                if self.trust_region:
+                    self.trust_region.start_batch(batch, before_logits, prepared["valid"])
             for _ in range(self.epochs):
                 if self.minibatches == 1:  # the whole batch: no shuffle, no copy
                     minibatches = [(batch, prepared)]
@@ -72,9 +81,9 @@ class Trainer:
                                    for i in order.chunk(self.minibatches)]
                 for minibatch, minibatch_prepared in minibatches:
                     steps.append(self._step(minibatch, minibatch_prepared))
-                    if steps[-1].get("ppo/stopped_early"):
+                    if _ends_batch(steps[-1]):
                         break
-                if steps[-1].get("ppo/stopped_early"):
+                if _ends_batch(steps[-1]):
                     break
         names = {name for step in steps for name in step}
         logs = {name: sum(step[name] for step in steps if name in step) / sum(name in step for step in steps)
@@ -86,13 +95,20 @@ class Trainer:
         return logs
 
     @torch.no_grad()
+    def _reset_momentum(self) -> None:
+        for state in self.optimizer.state.values():
+            for name in ("exp_avg", "momentum_buffer"):  # Adam's and SGD's
+                if isinstance(state.get(name), torch.Tensor):
+                    state[name].zero_()
+
+    @torch.no_grad()
     def _policy_logits(self, batch: UnrollBatch) -> torch.Tensor:
         """The policy before this batch's updates, on every step of it: the anchor of
-        `anchor_kl_cost`."""
+        `anchor_kl_cost` and the reference of `max_state_kl`."""
         outputs, _ = self.agent.unroll(batch.observation, batch.first, batch.initial_state, batch.action)
         if "policy_logits" not in outputs:
-            raise ValueError(f"anchor_kl_cost needs a categorical policy, but {type(self.agent).__name__} "
-                             f"outputs no policy_logits (it outputs {sorted(outputs)})")
+            raise ValueError(f"anchor_kl_cost and max_state_kl need a categorical policy, but "
+                             f"{type(self.agent).__name__} outputs no policy_logits (it outputs {sorted(outputs)})")
         return outputs["policy_logits"]
 
     def _step(self, minibatch: UnrollBatch, prepared: dict[str, torch.Tensor]) -> dict[str, float]:
@@ -115,9 +131,17 @@ class Trainer:
             if summaries["ppo/stopped_early"]:
                 return summaries
         grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.problem.config.max_grad_norm)
-        with self.policy.lock:  # the only write to the weights; the version counts these steps
+        before_step = self.trust_region.weights() if self.trust_region else None
+        with self.policy.lock:  # the only writes to the weights; the version counts these steps
             self.optimizer.step()
+            if before_step is not None:
+                summaries.update(self.trust_region.enforce(before_step))
             self.policy.version += 1
         summaries.update({"optim/grad_norm": float(grad_norm),
                           "optim/learning_rate": self.optimizer.param_groups[0]["lr"]})
         return summaries
+
+
+def _ends_batch(step_logs: dict[str, float]) -> bool:
+    """--target_kl skipped the step, or max_state_kl shortened it: the batch's updates end."""
+    return bool(step_logs.get("ppo/stopped_early")) or step_logs.get("ppo/step_fraction", 1.0) < 1.0

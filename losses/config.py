@@ -50,6 +50,11 @@ class LossConfig:
              "the policy at the start of the batch's updates (categorical policy_logits only; 0: off). PPO's clip "
              "only removes the incentive to move a state further; this pulls back a state that drifts while its "
              "advantages are near 0.")
+    max_state_kl: float | None = setting(
+        None, "PPO: after each optimizer step, KL(before || now) on every state of the batch, before being the "
+              "policy at the start of the batch's updates; a step that takes any state past this is shortened by "
+              "halves until none is, and ends the batch's updates (fleetrl.learner.state_trust_region; categorical "
+              "policy_logits only). None: off.")
 
     # Action chunks (fleetrl.losses.chunks).
     reward_type: str = setting("chunk_level", "With action chunks: chunk_level trains on one reward per step (the "
@@ -80,8 +85,10 @@ class LossConfig:
             check_range(name, getattr(self, name), low=0, high=1)
         check_range("target_kl", self.target_kl, low=0, low_open=True)
         check_range("anchor_kl_cost", self.anchor_kl_cost, low=0)
-        if self.anchor_kl_cost and self.algorithm != "ppo":
-            raise ValueError(f"anchor_kl_cost applies to algorithm=ppo only, got algorithm={self.algorithm}")
+        check_range("max_state_kl", self.max_state_kl, low=0, low_open=True)
+        for name, on in (("anchor_kl_cost", self.anchor_kl_cost), ("max_state_kl", self.max_state_kl is not None)):
+            if on and self.algorithm != "ppo":
+                raise ValueError(f"{name} applies to algorithm=ppo only, got algorithm={self.algorithm}")
         for name in ("clip_eps_low", "clip_eps_high"):
             check_range(name, getattr(self, name), low=0)
         check_range("dual_clip", self.dual_clip, low=1, low_open=True)

@@ -52,6 +52,9 @@ class ProblemConfig(LossConfig):
     adam_beta1: float = setting(0.9, "Adam's first-moment decay (its momentum); 0 takes each step from the current "
                                      "gradient alone.")
     adam_beta2: float = setting(0.999, "Adam's second-moment decay.")
+    reset_momentum_each_batch: bool = setting(False, "Zero Adam's first moment at the start of each batch's updates, "
+                                                     "so one batch's steps do not carry on into the next "
+                                                     "(Asadi et al. 2023, 'Resetting the Optimizer in Deep RL').")
     max_grad_norm: float = setting(40.0, "Gradients are clipped to this global norm.")
     teacher_forcing_fraction: float = setting(
         0.0, "The share of episodes that execute the oracle's action and train with cross-entropy on it instead of "

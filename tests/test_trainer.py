@@ -145,11 +145,68 @@ def test_the_anchor_keeps_each_state_nearer_the_policy_that_started_the_batch(un
     assert 0 < moved["10"] < 0.5 * moved["0"], moved
 
 
-def test_the_anchor_refuses_a_policy_without_logits_by_name(unroll_batch):
-    problem = load_problem("pendulum", {"anchor_kl_cost": "1"})
+@pytest.mark.parametrize("hparams", [{"anchor_kl_cost": "1"}, {"max_state_kl": "0.1"}])
+def test_the_anchor_and_the_state_trust_region_refuse_a_policy_without_logits_by_name(unroll_batch, hparams):
+    problem = load_problem("pendulum", hparams)
     agent = problem.make_agent()
     trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(),
                       torch.device("cpu"))
-    with pytest.raises(ValueError, match="anchor_kl_cost needs a categorical policy.*GaussianMLPAgent"):
+    with pytest.raises(ValueError, match="max_state_kl need a categorical policy.*GaussianMLPAgent"):
         trainer.update(unroll_batch(problem, agent, observe=lambda rng, n: {
             "observation": rng.normal(size=(n, 3)).astype("float32")}))
+
+
+@pytest.mark.parametrize("reset", [True, False])
+def test_reset_momentum_each_batch_moves_every_weight_against_the_batchs_own_gradient(unroll_batch, reset):
+    """One step per batch: with the first moment zeroed, Adam's step is -lr * g / (sqrt(v) + eps)
+    coordinate by coordinate, so no weight keeps moving the way the previous batch pushed it."""
+    problem = load_problem("cartpole", {"algorithm": "ppo", "epochs": "1", "minibatches": "1",
+                                        "reset_momentum_each_batch": str(reset).lower()})
+    torch.manual_seed(0)
+    agent = problem.make_agent()
+    first_batch, second_batch = unroll_batch(problem, agent), unroll_batch(problem, agent, num_envs=6)
+    trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(),
+                      torch.device("cpu"))
+    trainer.update(first_batch)
+    algorithm = problem.algorithm()
+    agent.zero_grad()
+    algorithm.loss(problem, agent, second_batch, algorithm.prepare(problem, second_batch))[0].backward()
+    gradient = torch.cat([p.grad.flatten() for p in agent.parameters()])
+    before = torch.cat([p.detach().flatten() for p in agent.parameters()])
+    trainer.update(second_batch)
+    step = torch.cat([p.detach().flatten() for p in agent.parameters()]) - before
+    moved = (gradient.abs() > 1e-6) & (step != 0)
+    against = (torch.sign(step[moved]) == -torch.sign(gradient[moved])).float().mean().item()
+    assert (against == 1.0) if reset else (against < 0.9), against
+
+
+def test_max_state_kl_keeps_every_state_of_the_batch_within_the_bound(unroll_batch):
+    """A learning rate that moves some states far in one batch: with max_state_kl no state of
+    the batch ends further than the bound from the policy that started it, the step that
+    went past it was shortened, and the batch's updates ended there."""
+    hparams = {"algorithm": "ppo", "epochs": "4", "minibatches": "2", "learning_rate": "0.05"}
+    largest = {}
+    for bound in (None, "0.02"):
+        problem = load_problem("cartpole", {**hparams, **({"max_state_kl": bound} if bound else {})})
+        torch.manual_seed(0)
+        agent = problem.make_agent()
+        batch = unroll_batch(problem, agent)
+        with torch.no_grad():
+            before = agent.unroll(batch.observation, batch.first, batch.initial_state)[0]["policy_logits"]
+        trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(),
+                          torch.device("cpu"))
+        logs = trainer.update(batch)
+        with torch.no_grad():
+            after = agent.unroll(batch.observation, batch.first, batch.initial_state)[0]["policy_logits"]
+        largest[bound] = categorical_kl(before[:-1], after[:-1]).max().item()
+        if bound:
+            assert 0 < logs["ppo/step_fraction"] < 1 and trainer.policy.version < 8
+            assert logs["ppo/max_state_kl"] <= 0.02
+    assert largest["0.02"] <= 0.02 < largest[None], largest
+
+
+def test_max_state_kl_is_refused_outside_ppo_by_name():
+    with pytest.raises(ValueError, match="max_state_kl applies to algorithm=ppo only"):
+        load_problem("cartpole", {"algorithm": "vtrace", "max_state_kl": "0.1"})
+    with pytest.raises(ValueError, match="max_state_kl"):
+        load_problem("cartpole", {"algorithm": "ppo", "max_state_kl": "0"})
