@@ -60,11 +60,19 @@ class GymCardsConfig(ProblemConfig):
 class NumberLineConfig(GymCardsConfig):
     """NumberLine's images differ only in two digits. Standardized each by itself, a
     converged policy's features kept collapsing (dips to 47% on every seed); per pixel,
-    over the running statistics, the agent reads only the digits, and with PPO's epochs
-    stopped at a KL of 0.02 no seed of four fell below 85% (docs/gym_cards.md)."""
+    over the running statistics, the agent reads only the digits.
+
+    Once it has converged, its batches are quiet, and one rare mistake's gradient, scaled up
+    by advantage normalization and carried on by Adam's momentum, could flip another state's
+    greedy action through the features they share. So NumberLine trains on raw advantages,
+    starts each batch's momentum from zero, and bounds every state's KL per batch
+    (docs/numberline_dips.md)."""
 
     observation_norm: str = "running"
     target_kl: float | None = 0.02
+    normalize_advantages: bool = False
+    reset_momentum_each_batch: bool = True
+    max_state_kl: float | None = 0.1
 
 
 @dataclasses.dataclass

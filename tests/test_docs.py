@@ -31,7 +31,8 @@ def examples(repo_root) -> list[tuple[str, str]]:
 
 
 # The Problem a page's examples mean when they do not name one.
-PAGE_PROBLEMS = {"r2r.md": "r2r", "libero.md": "libero", "gym_cards.md": "gym_cards/numberline"}
+PAGE_PROBLEMS = {"r2r.md": "r2r", "libero.md": "libero", "gym_cards.md": "gym_cards/numberline",
+                 "numberline_dips.md": "gym_cards/numberline"}
 
 
 def test_every_documented_hparams_example_applies_to_its_problem(repo_root):
