@@ -118,6 +118,20 @@ def test_accumulation_steps_must_divide_the_minibatch(unroll_batch):
         trainer.update(unroll_batch(problem, agent))
 
 
+def _one_update(unroll_batch, hparams):
+    """A CartPole agent from seed 0, one update on a batch of its own; returns the trainer,
+    the agent, the batch, the policy logits on the batch before the update, and the logs."""
+    problem = load_problem("cartpole", hparams)
+    torch.manual_seed(0)
+    agent = problem.make_agent()
+    batch = unroll_batch(problem, agent)
+    with torch.no_grad():
+        before = agent.unroll(batch.observation, batch.first, batch.initial_state)[0]["policy_logits"]
+    trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(),
+                      torch.device("cpu"))
+    return trainer, agent, batch, before, trainer.update(batch)
+
+
 def _batch_kl(agent, before, batch):
     with torch.no_grad():
         after = agent.unroll(batch.observation, batch.first, batch.initial_state, batch.action)[0]["policy_logits"]
@@ -130,15 +144,7 @@ def test_the_anchor_keeps_each_state_nearer_the_policy_that_started_the_batch(un
     hparams = {"algorithm": "ppo", "epochs": "4", "minibatches": "2", "learning_rate": "0.02"}
     moved = {}
     for cost in ("0", "10"):
-        problem = load_problem("cartpole", {**hparams, "anchor_kl_cost": cost})
-        torch.manual_seed(0)
-        agent = problem.make_agent()
-        batch = unroll_batch(problem, agent)
-        with torch.no_grad():
-            before = agent.unroll(batch.observation, batch.first, batch.initial_state)[0]["policy_logits"]
-        trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(),
-                          torch.device("cpu"))
-        logs = trainer.update(batch)
+        trainer, agent, batch, before, logs = _one_update(unroll_batch, {**hparams, "anchor_kl_cost": cost})
         assert trainer.policy.version == 8
         assert ("ppo/anchor_kl" in logs) == (cost != "0")
         moved[cost] = _batch_kl(agent, before, batch)
@@ -187,15 +193,8 @@ def test_max_state_kl_keeps_every_state_of_the_batch_within_the_bound(unroll_bat
     hparams = {"algorithm": "ppo", "epochs": "4", "minibatches": "2", "learning_rate": "0.05"}
     largest = {}
     for bound in (None, "0.02"):
-        problem = load_problem("cartpole", {**hparams, **({"max_state_kl": bound} if bound else {})})
-        torch.manual_seed(0)
-        agent = problem.make_agent()
-        batch = unroll_batch(problem, agent)
-        with torch.no_grad():
-            before = agent.unroll(batch.observation, batch.first, batch.initial_state)[0]["policy_logits"]
-        trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(),
-                          torch.device("cpu"))
-        logs = trainer.update(batch)
+        trainer, agent, batch, before, logs = _one_update(
+            unroll_batch, {**hparams, **({"max_state_kl": bound} if bound else {})})
         with torch.no_grad():
             after = agent.unroll(batch.observation, batch.first, batch.initial_state)[0]["policy_logits"]
         largest[bound] = categorical_kl(before[:-1], after[:-1]).max().item()
