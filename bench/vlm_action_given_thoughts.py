@@ -19,6 +19,7 @@ import numpy as np
 import torch
 from absl import app, flags
 
+from fleetrl.bench.vlm_generation import observations
 from fleetrl.envs.text_actions import decode_text, encode_text
 from fleetrl.learner.checkpoint import load_checkpoint, resolve_checkpoint
 from fleetrl.problems.registry import load_problem
@@ -58,19 +59,15 @@ def p_right_by_state(path: str, states: int) -> dict[str, float]:
     agent = problem.make_agent()
     agent.load_state_dict(checkpoint["model"])
     agent.eval()
-    env = problem.make_actor_env()
-    obs = [env.reset(seed=seed)[0] for seed in range(states)]
-    right = {k: torch.from_numpy(np.stack([o[k] for o in obs])) for k in obs[0]}
-    wrong = dict(right, oracle_text=right["oracle_text"].clone())
-    for i, o in enumerate(obs):
-        swapped, _ = encode_text(swap_action(decode_text(o["oracle_text"], o["oracle_text_length"])),
-                                 wrong["oracle_text"].shape[1])
-        wrong["oracle_text"][i] = torch.from_numpy(swapped)
+    right = observations(problem, states)
+    answers = [decode_text(text.numpy(), int(length))
+               for text, length in zip(right["oracle_text"], right["oracle_text_length"])]
+    wrong = dict(right, oracle_text=torch.from_numpy(
+        np.stack([encode_text(swap_action(a), right["oracle_text"].shape[1])[0] for a in answers])))
     p_right = torch.sigmoid(answer_log_probs(problem, agent, right) - answer_log_probs(problem, agent, wrong))
     by_state: dict[str, list[float]] = defaultdict(list)
-    for o, p in zip(obs, p_right.tolist()):
-        # The start state, as the solver describes it without its action.
-        by_state[json.loads(decode_text(o["oracle_text"], o["oracle_text_length"]))["thoughts"]].append(p)
+    for answer, p in zip(answers, p_right.tolist()):
+        by_state[json.loads(answer)["thoughts"]].append(p)  # the start state, as the solver describes it
     return {state: float(np.mean(ps)) for state, ps in by_state.items()}
 
 
