@@ -4,7 +4,7 @@ A vision-language agent generates its answer on the learner; the actor receives 
 as UTF-8 bytes (`text`, zero-padded to a fixed width, with `text_length`) beside the
 generated token ids, which only the learner's training reads. `TextActions` wraps a
 Discrete-action env whose info lists `legal_actions` as strings, parses each answer with
-RL4VLM's rule (`fleetrl.envs.gym_cards.text_to_action`: the one legal action after
+RL4VLM's rule (`fleetrl.envs.text_to_action`: the one legal action after
 `"action":`), and plays it. An answer that names no single legal action plays a uniformly
 random legal one, and counts as a parse failure: each step's info says whether it failed,
 and the episode's last info carries its rate and the mean answer length. `failure_reward`
@@ -19,7 +19,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fleetrl.envs.gym_cards.text_to_action import text_to_action
+from fleetrl.envs.text_to_action import text_to_action
 
 # The action's parts: what the actor reads (text, text_length) and what the learner trains on.
 TOKENS, NUM_TOKENS, THOUGHT_TOKENS, TEXT, TEXT_LENGTH = "tokens", "num_tokens", "thought_tokens", "text", "text_length"

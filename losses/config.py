@@ -17,6 +17,8 @@ LOGPROB_TYPES = ("chunk_level", "action_level", "token_level")
 
 @dataclasses.dataclass
 class LossConfig:
+    # Checked against the registry (fleetrl.losses.algorithms.ALGORITHMS) by ProblemConfig, so
+    # that this module, which the algorithms import, imports none of them.
     algorithm: str = setting("vtrace", "The training algorithm, by registered name: vtrace, ppo, grpo, supervised "
                                        "(fleetrl.losses.algorithms.ALGORITHMS).")
     discount: float = setting(0.99, "Gamma, per agent step.")
@@ -74,9 +76,6 @@ class LossConfig:
                                          "microbatch averages its own loss and normalizes its own advantages).")
 
     def __post_init__(self):
-        from fleetrl.losses.algorithms import ALGORITHMS  # registered algorithms, users' included
-
-        check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))
         check_choice("reward_type", self.reward_type, REWARD_TYPES)
         check_choice("logprob_type", self.logprob_type, LOGPROB_TYPES)
         check_range("discount", self.discount, low=0, high=1)

@@ -26,7 +26,7 @@ from fleetrl.agents.base import Agent, AgentOutput, Observation
 from fleetrl.common.settings import check_choice, check_range, setting
 from fleetrl.envs.action_chunks import ACTION_REWARDS, ACTIONS_EXECUTED, ActionChunks
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING, TeacherForcingDraws
-from fleetrl.losses.algorithms import Algorithm, get_algorithm
+from fleetrl.losses.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from fleetrl.losses.config import LossConfig
 from fleetrl.losses.lr_schedule import SCHEDULES
 from fleetrl.problems.defaults import LaunchDefaults, LearnerDefaults
@@ -69,6 +69,7 @@ class ProblemConfig(LossConfig):
     eval_seed: int = setting(1_000_000, "Seed of the eval set's first episode (episode e resets with seed + e).")
 
     def __post_init__(self):
+        check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))  # registered ones, users' included
         super().__post_init__()
         check_range("teacher_forcing_fraction", self.teacher_forcing_fraction, low=0, high=1)
         check_range("learning_rate", self.learning_rate, low=0, low_open=True)

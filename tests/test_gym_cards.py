@@ -277,7 +277,7 @@ def test_playing_the_solvers_text_answers_solves_every_deal(env_id, kwargs):
     """Each answer is in the prompts' format and names a legal action; played through the
     text parser, the answers solve every episode."""
     from fleetrl.envs.gym_cards.solvers import solve
-    from fleetrl.envs.gym_cards.text_to_action import text_to_action
+    from fleetrl.envs.text_to_action import text_to_action
 
     env = gym.make(env_id, image_size=16, **kwargs)
     rng = np.random.default_rng(0)

@@ -10,7 +10,7 @@ import gymnasium as gym
 from fleetrl.envs.gym_cards.blackjack import BlackjackEnv
 from fleetrl.envs.gym_cards.formula import EZPointsEnv, Points24Env
 from fleetrl.envs.gym_cards.numberline import NumberLineEnv
-from fleetrl.envs.gym_cards.text_to_action import ParsedAction, text_to_action
+from fleetrl.envs.text_to_action import ParsedAction, text_to_action
 
 ENVS = {"NumberLine": NumberLineEnv, "EZPoints": EZPointsEnv, "Points24": Points24Env, "Blackjack": BlackjackEnv}
 for _name, _cls in ENVS.items():
