@@ -59,7 +59,6 @@ class EnvStateStore:
         self._ended = np.zeros(0, bool)
         self._grow(capacity)
 
-    @property
     def num_allocated(self) -> int:
         return self._capacity - len(self._free)
 

@@ -62,7 +62,7 @@ class Work:
 
 class EvalRounds:
     def __init__(self, snapshot: Callable[[], tuple[Agent, int]], episodes: int, interval_s: float,
-                 on_complete: Callable[[EvalResult], None], max_rounds_in_flight: int = 2,
+                 max_rounds_in_flight: int = 2,
                  clock: Callable[[], float] = time.monotonic):
         """`snapshot` returns a frozen copy of the agent and its policy version."""
         if episodes < 1:
@@ -70,7 +70,6 @@ class EvalRounds:
         self._snapshot = snapshot
         self.episodes = episodes
         self.interval_s = interval_s
-        self._on_complete = on_complete
         self._max_in_flight = max_rounds_in_flight
         self._clock = clock
         self._lock = threading.Lock()
@@ -106,9 +105,9 @@ class EvalRounds:
             return self._actor_snapshot.get(actor_id)
 
     def record(self, actor_id: str, episode: int, metrics: dict[str, float],
-               images: dict[str, np.ndarray] | None = None, record: dict[str, Any] | None = None) -> None:
+               images: dict[str, np.ndarray] | None = None, record: dict[str, Any] | None = None) -> EvalResult | None:
         """An episode of `actor_id`'s current round ended with `metrics` (and pictures, and
-        the Problem's record of it)."""
+        the Problem's record of it). Returns the round's result when this was its last episode."""
         with self._lock:
             round_ = self._rounds.get(self._actor_round.get(actor_id, -1))
             running = round_.running.get(actor_id, set()) if round_ is not None else set()
@@ -120,14 +119,14 @@ class EvalRounds:
             if record is not None:
                 round_.records[episode] = record
             if len(round_.results) < self.episodes:
-                return
+                return None
             del self._rounds[round_.index]
             result = EvalResult(round=round_.index, policy_version=round_.version, episodes=self.episodes,
                                 metrics=_means(round_.results.values()), agent=round_.agent, images=round_.images,
                                 records=[round_.records[e] for e in sorted(round_.records)])
             self.completed += 1
             self.last = result
-        self._on_complete(result)
+        return result
 
     def resume(self, completed_rounds: int) -> None:
         """Continues round numbering after a restart."""

@@ -5,18 +5,21 @@ takes requests off a queue until their envs add up to `max_batch_size` or `timeo
 passed since the first one arrived, then calls `handler` once for all of them. So a slow or
 vanished actor delays the others by at most the timeout, and never blocks them.
 
-`max_batch_size` may be a callable, read at each batch: the learner passes the smaller of
-its configured size and the number of connected envs. `max_requests`, also read at each
-batch, is the most requests that can be waiting at once: the learner passes the number of
-streams that are stepping (`LearnerService.stepping_streams`: connected, and not gone
-quiet), since a stream submits its next step only once its last one is answered.
-So a batch that holds every connected env, or a step from every stream (an actor whose envs
-take turns in groups never has all of them waiting), flushes at once instead of waiting
-out the timeout.
+A batch also flushes as soon as nothing more can join it. `connected_envs`, read at each
+batch, is the number of envs that could be waiting: the learner passes its state store's
+allocated slots, so a batch that holds every connected env goes at once. `max_requests`,
+also read at each batch, is the most requests that can be waiting at once: the learner
+passes the number of streams that are stepping (`ConnectedActors.stepping`: connected, and
+not gone quiet), since a stream submits its next step only once its last one is answered.
+So a batch that holds a step from every stream (an actor whose envs take turns in groups
+never has all of them waiting) flushes at once instead of waiting out the timeout.
 
 A batch whose handler raises is retried one request at a time, so that one actor's bad
 step fails only that actor's request; the others get their results. The handler must
 therefore change nothing when it raises (see `inference.InferenceStep`).
+
+Once `stop()` returns, every submitted request has its answer or BatcherStopped: a request
+submitted while the batcher stops is either drained by it or refused at once.
 """
 
 from __future__ import annotations
@@ -37,15 +40,18 @@ class BatcherStopped(RuntimeError):
 
 class InferenceBatcher(Generic[Request]):
     def __init__(self, handler: Callable[[Sequence[Request]], Sequence[Any]], size_of: Callable[[Request], int],
-                 max_batch_size: int | Callable[[], int], timeout_s: float,
+                 max_batch_size: int, timeout_s: float, connected_envs: Callable[[], int] | None = None,
                  max_requests: Callable[[], int] | None = None):
         self._handler = handler
         self._size_of = size_of
-        self._max_batch_size = max_batch_size if callable(max_batch_size) else (lambda: max_batch_size)
+        self.max_batch_size = max_batch_size
+        self._connected_envs = connected_envs
         self._max_requests = max_requests
         self.timeout_s = timeout_s
         self._queue: queue.SimpleQueue[tuple[Request, Future]] = queue.SimpleQueue()
         self._stop = threading.Event()
+        # Held while submitting and while stopping, so no request slips in after the drain.
+        self._stop_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="inference-batcher", daemon=True)
         self.isolated_failures = 0  # batches that failed and were retried request by request
 
@@ -53,7 +59,8 @@ class InferenceBatcher(Generic[Request]):
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        with self._stop_lock:
+            self._stop.set()
         self._thread.join(timeout=10)
         while True:  # fail whatever is still waiting, so no stream thread hangs
             try:
@@ -64,10 +71,11 @@ class InferenceBatcher(Generic[Request]):
 
     def submit(self, request: Request) -> Future:
         future: Future = Future()
-        if self._stop.is_set():
-            future.set_exception(BatcherStopped("the learner is shutting down"))
-        else:
-            self._queue.put((request, future))
+        with self._stop_lock:
+            if self._stop.is_set():
+                future.set_exception(BatcherStopped("the learner is shutting down"))
+            else:
+                self._queue.put((request, future))
         return future
 
     def _next_batch(self) -> list[tuple[Request, Future]]:
@@ -77,7 +85,7 @@ class InferenceBatcher(Generic[Request]):
             return []
         size = self._size_of(batch[0][0])
         deadline = time.monotonic() + self.timeout_s
-        limit = self._max_batch_size()
+        limit = min(self.max_batch_size, self._connected_envs()) if self._connected_envs else self.max_batch_size
         max_requests = self._max_requests() if self._max_requests is not None else float("inf")
         while size < limit and len(batch) < max_requests:
             remaining = deadline - time.monotonic()

@@ -6,8 +6,10 @@ Threads:
   which hands finished unrolls to the algorithm's unroll hook and then the unroll queue;
 - a second batcher for eval actors (`eval_inference.EvalInference`), whose rounds
   (`eval_rounds.EvalRounds`) end in `eval_results.EvalResults`;
-- the monitor, which writes TensorBoard summaries (`summaries`) and checks the stop conditions;
-- the caller's thread, which runs the training loop below and writes checkpoints (`run_state`).
+- the monitor (`monitor.Monitor`), which writes TensorBoard summaries (`summaries`) and checks the
+  stop conditions (`stop_conditions`);
+- the caller's thread, which runs the training loop below and writes checkpoints (`run_state`)
+  and the run's config.json and summary.json (`run_files`).
 
 A learner started on a logdir that holds checkpoints resumes from the latest: weights,
 optimizer, counters and RNG states. Its TensorBoard writers purge what the previous
@@ -17,7 +19,7 @@ process wrote after that checkpoint, so no curve steps back or repeats a step.
 from __future__ import annotations
 
 import dataclasses
-import json
+import functools
 import logging
 import math
 import os
@@ -26,8 +28,8 @@ import time
 
 import torch
 
-from fleetrl.common.files import atomic_write_json
 from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.connected_actors import ConnectedActors
 from fleetrl.learner.env_state_store import build_state_store
 from fleetrl.learner.eval_inference import EvalInference
 from fleetrl.learner.eval_results import EvalResults
@@ -35,10 +37,13 @@ from fleetrl.learner.eval_rounds import EvalRounds, frozen_copy
 from fleetrl.learner.inference import InferenceStep, PolicyVersion
 from fleetrl.learner.inference_batcher import InferenceBatcher
 from fleetrl.learner.metrics import EpisodeWindow, RateMeter, ScalarMeans
+from fleetrl.learner.monitor import Monitor
+from fleetrl.learner.run_files import RunSummary, write_run_config, write_summary
 from fleetrl.learner.run_state import RunState
 from fleetrl.learner.server import LearnerService, ServedRun
 from fleetrl.learner.serving import LearnerServer
 from fleetrl.learner.step_ledger import StepLedger
+from fleetrl.learner.stop_conditions import StopConditions
 from fleetrl.learner.summaries import TrainSummaries
 from fleetrl.learner.trainer import Trainer
 from fleetrl.learner.unroll_queue import UnrollQueue
@@ -51,21 +56,9 @@ from fleetrl.proto import learner_pb2 as pb
 log = logging.getLogger(__name__)
 
 
-@dataclasses.dataclass
-class RunSummary:
-    reason: str
-    env_steps: int
-    episodes: int
-    mean_episode_return: float  # over the last `return_window` train episodes
-    return_window: int
-    trainer_steps: int
-    wall_s: float
-    target_reached: bool | None
-    # The checkpoint written as the run ended; None when it could not be (a full disk, say).
-    final_checkpoint: str | None = None
-
-
 class Learner:
+    # Each part is built after the parts it is handed, and no part is handed a callable that
+    # reads an attribute set later: a line moved above what it needs fails here, not mid-run.
     def __init__(self, config: LearnerConfig, problem: Problem | None = None):
         self.config = config
         torch.set_num_threads(config.torch_threads)
@@ -87,6 +80,7 @@ class Learner:
         self.episodes = EpisodeWindow(config.return_window)
         self.scalars = ScalarMeans()
         self._env_rate = RateMeter()
+        self.actors = ConnectedActors()
 
         # Training: inference -> state store -> unroll hook -> unroll queue -> trainer.
         self.trainer = Trainer(self.problem, self.agent, self.optimizer, self.policy, self.device,
@@ -99,18 +93,18 @@ class Learner:
         self.store = build_state_store(self.problem, self.agent, config.unroll_length, self.device)
         self.inference = InferenceStep(self.problem, self.agent, self.policy, self.store, self._emit_unroll,
                                        self.device, config.inference_transfer)
-        self.batcher = InferenceBatcher(
-            self.inference, len, lambda: max(1, min(config.inference_batch_size, self.store.num_allocated)),
-            config.inference_timeout_ms / 1000, lambda: max(1, self.service.stepping_streams(pb.TRAIN)))
+        self.batcher = InferenceBatcher(self.inference, len, config.inference_batch_size,
+                                        config.inference_timeout_ms / 1000, self.store.num_allocated,
+                                        functools.partial(self.actors.stepping, pb.TRAIN))
+        self.stop_conditions = StopConditions(config, self.episodes, self.inference)
 
         # Evaluation: eval actors play rounds with frozen snapshots, through their own batcher.
         self.eval_store = build_state_store(self.problem, self.agent, 0, self.device, record=False)
         self.eval_inference = EvalInference(self.problem, self.eval_store, self.device, config.inference_transfer)
-        self.eval_batcher = InferenceBatcher(
-            self.eval_inference, len, lambda: max(1, min(config.inference_batch_size, self.eval_store.num_allocated)),
-            config.inference_timeout_ms / 1000, lambda: max(1, self.service.stepping_streams(pb.EVAL)))
-        self.eval_rounds = EvalRounds(self._eval_snapshot, self.problem.num_eval_episodes(), config.eval_interval_s,
-                                      lambda result: self.eval_results(result))
+        self.eval_batcher = InferenceBatcher(self.eval_inference, len, config.inference_batch_size,
+                                             config.inference_timeout_ms / 1000, self.eval_store.num_allocated,
+                                             functools.partial(self.actors.stepping, pb.EVAL))
+        self.eval_rounds = EvalRounds(self._eval_snapshot, self.problem.num_eval_episodes(), config.eval_interval_s)
 
         self.step_ledger = StepLedger()
         self.run_state = RunState(config, self.agent, self.optimizer, self.policy, self.inference, self.episodes,
@@ -125,12 +119,13 @@ class Learner:
             observation_specs=self.problem.observation_specs(), action_specs=self.problem.action_specs(),
             extra_specs=self.problem.extra_specs(), episode_groups=self.problem.episode_groups(),
             store=self.store, batcher=self.batcher, unroll_hook=self.unroll_hook, episodes=self.episodes,
-            step_ledger=self.step_ledger,
-            scalars=self.scalars, run=self, max_envs_per_actor=config.max_envs_per_actor,
+            step_ledger=self.step_ledger, scalars=self.scalars, run=self, actors=self.actors,
+            max_envs_per_actor=config.max_envs_per_actor,
             max_message_bytes=config.max_message_mb * 1024 * 1024, handshake_timeout_s=config.handshake_timeout_s,
             idle_timeout_s=config.stream_idle_timeout_s,
             eval_idle_timeout_s=config.stream_idle_timeout_s + (config.eval_interval_s or 0),
             eval_store=self.eval_store, eval_batcher=self.eval_batcher, eval_rounds=self.eval_rounds,
+            eval_results=self.eval_results,
             check_episode_record=self.problem.check_episode_record if takes_records else None,
         ), config.max_actors)
         self.server = LearnerServer(config, self.service)
@@ -141,14 +136,15 @@ class Learner:
 
     def run(self) -> RunSummary:
         os.makedirs(self.config.logdir, exist_ok=True)
-        run_config = self._write_run_config()
+        run_config = write_run_config(self.config, self.problem)
         summaries = TrainSummaries(self.config.logdir, self.scalars, self.inference, self.policy, self._gauges,
                                    resumed=self.resumed_from is not None, config=run_config)
         self.eval_results.open(resumed=self.resumed_from is not None)
         self.server.start()
         self.batcher.start()
         self.eval_batcher.start()
-        monitor = threading.Thread(target=self._monitor, args=(summaries,), name="monitor", daemon=True)
+        monitor = Monitor(self.stop, self.stop_conditions, self.finish, summaries, self.config.summary_interval_s,
+                          self._started)
         monitor.start()
         try:
             while not self.stop.is_set():
@@ -181,27 +177,8 @@ class Learner:
             summaries.close()
             self.eval_results.close()
         summary = dataclasses.replace(self.summary(), final_checkpoint=final_checkpoint)
-        try:
-            atomic_write_json(os.path.join(self.config.logdir, "summary.json"), dataclasses.asdict(summary), indent=2)
-        except OSError as e:
-            log.error("summary.json not written: %s", e)
+        write_summary(self.config.logdir, summary)
         return summary
-
-    def _write_run_config(self) -> dict:
-        """<logdir>/config.json: the whole config as resolved (the Problem's defaults included),
-        keeping the "launch" section a launcher wrote there before starting this learner."""
-        path = os.path.join(self.config.logdir, "config.json")
-        launch = {}
-        if os.path.exists(path):
-            with open(path) as f:
-                launch = json.load(f).get("launch", {})
-        run_config = {
-            "learner": dataclasses.asdict(self.config),
-            "problem": {"class": f"{type(self.problem).__module__}:{type(self.problem).__qualname__}",
-                        "config": dataclasses.asdict(self.problem.config)},
-            **({"launch": launch} if launch else {})}
-        atomic_write_json(path, run_config, indent=2)
-        return run_config
 
     def finish(self, reason: str) -> None:
         """Ends the run: the first reason given is the one reported."""
@@ -217,30 +194,9 @@ class Learner:
         with self.policy.lock:
             return frozen_copy(self.agent), self.policy.version
 
-    def _monitor(self, summaries: TrainSummaries) -> None:
-        last_write = time.monotonic()
-        while not self.stop.wait(0.1):
-            self._check_stop_conditions()
-            now = time.monotonic()
-            # A short run writes often enough to draw curves: every uptime/100 s, at least
-            # every 1 s, growing to summary_interval_s.
-            interval = min(self.config.summary_interval_s, max(1.0, (now - self._started) / 100))
-            if now - last_write >= interval:
-                summaries.write()
-                last_write = now
-
-    def _check_stop_conditions(self) -> None:
-        target = self.config.target_mean_return
-        if target is not None and len(self.episodes) >= self.config.return_window \
-                and self.episodes.mean("return") >= target:
-            self.finish(f"target reached: mean return {self.episodes.mean('return'):.1f} >= {target:g} "
-                        f"over the last {self.config.return_window} episodes")
-        elif self.config.total_env_steps and self.inference.env_steps >= self.config.total_env_steps:
-            self.finish(f"total_env_steps reached ({self.config.total_env_steps:,})")
-
     def _gauges(self) -> dict[str, float]:
         return {
-            "learner/connected_actors": self.service.connected_actors,
+            "learner/connected_actors": len(self.actors),
             "learner/dropped_partial_unrolls": self.store.dropped_partial_unrolls,
             "learner/rejected_messages": self.service.rejected_messages,
             "learner/resent_steps": self.service.resent_steps,
@@ -267,7 +223,7 @@ class Learner:
         return pb.Status(
             env_steps=steps, env_steps_per_s=self._env_rate.rate(steps), episodes=self.episodes.total,
             mean_episode_return=self.episodes.mean("return"), policy_lag=self.trainer.last_policy_lag,
-            trainer_steps=self.policy.version, connected_actors=self.service.connected_actors,
+            trainer_steps=self.policy.version, connected_actors=len(self.actors),
             finished=self.stop.is_set(), finished_reason=self._reason, uptime_s=time.monotonic() - self._started,
             mean_inference_batch_size=self.inference.batch_envs / max(self.inference.batches, 1),
             eval_policy_version=last_eval.policy_version if last_eval else 0,

@@ -17,16 +17,17 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from concurrent import futures
-from typing import Any, NamedTuple, Protocol
+from typing import Any, NamedTuple, NoReturn, Protocol
 
 import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from fleetrl.learner.connected_actors import ConnectedActors
 from fleetrl.learner.elastic_pool import ElasticThreadPool
 from fleetrl.learner.env_state_store import EnvStateStore
 from fleetrl.learner.eval_inference import EvalRequest
-from fleetrl.learner.eval_rounds import EvalRounds
+from fleetrl.learner.eval_rounds import EvalResult, EvalRounds
 from fleetrl.learner.idle_streams import IdleStreams
 from fleetrl.learner.inference import StepRequest
 from fleetrl.learner.inference_batcher import BatcherStopped, InferenceBatcher
@@ -75,6 +76,7 @@ class ServedRun:
     step_ledger: StepLedger  # train steps already taken in: resent ones count no episodes
     scalars: ScalarMeans
     run: RunControl
+    actors: ConnectedActors
     max_envs_per_actor: int
     max_message_bytes: int
     handshake_timeout_s: float = 10.0
@@ -85,6 +87,8 @@ class ServedRun:
     eval_store: EnvStateStore | None = None
     eval_batcher: InferenceBatcher | None = None
     eval_rounds: EvalRounds | None = None
+    # Where each complete eval round goes (learner.eval_results.EvalResults).
+    eval_results: Callable[[EvalResult], None] | None = None
     # Problem.check_episode_record where the Problem's eval records come to the learner;
     # None: this run takes no records.
     check_episode_record: Callable[[Mapping[str, Any]], None] | None = None
@@ -113,9 +117,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         self.run = run
         self.max_actors = max_actors
         self._open_streams = 0  # handshaken or not; at most max_actors
-        self._actors_lock = threading.Lock()
-        self._actors: dict[str, int] = {}  # actor id -> its mode
-        self._last_step: dict[str, tuple[float, float]] = {}  # actor id -> (its last step's time, the interval before)
+        self._streams_lock = threading.Lock()
         self._rejected_lock = threading.Lock()
         self._rejected = 0
         # Reads each stream's handshake, so that a stream that never sends one is ended on time.
@@ -135,25 +137,7 @@ class LearnerService(pb_grpc.LearnerServicer):
 
     @property
     def connected_actors(self) -> int:
-        with self._actors_lock:
-            return len(self._actors)
-
-    def stepping_streams(self, mode: int) -> int:
-        """Streams open in `mode` (pb.TRAIN or pb.EVAL) whose next step the inference batcher
-        may wait for (each has at most one step in inference): those that have sent a step and
-        have not gone quiet for over twice their last interval between steps plus a second.
-        A stream that handshakes and then sends nothing, or stops sending, must not make
-        every batch of the others wait out the batching timeout."""
-        now = time.monotonic()
-        with self._actors_lock:
-            return sum(1 for actor, m in self._actors.items() if m == mode and actor in self._last_step
-                       and now - self._last_step[actor][0] <= 2 * self._last_step[actor][1] + 1.0)
-
-    def _stepped(self, actor: str) -> None:
-        now = time.monotonic()
-        with self._actors_lock:
-            last = self._last_step.get(actor)
-            self._last_step[actor] = (now, now - last[0] if last else 0.0)
+        return len(self.run.actors)
 
     @property
     def rejected_messages(self) -> int:
@@ -185,8 +169,7 @@ class LearnerService(pb_grpc.LearnerServicer):
     def GetEvalWork(self, request: pb.EvalWorkRequest, context: grpc.ServicerContext) -> pb.EvalWork:
         if self.run.run.is_finished():
             return pb.EvalWork(finished=True)
-        with self._actors_lock:
-            mode = self._actors.get(request.actor_id)
+        mode = self.run.actors.mode_of(request.actor_id)
         if mode != pb.EVAL or self.run.eval_rounds is None:
             self._reject(context, grpc.StatusCode.FAILED_PRECONDITION,
                          f"actor {request.actor_id!r} has no open eval stream: open one with mode EVAL first")
@@ -195,7 +178,7 @@ class LearnerService(pb_grpc.LearnerServicer):
                            retry_after_s=work.retry_after_s)
 
     def Stream(self, request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
-        with self._actors_lock:
+        with self._streams_lock:
             admitted = self._open_streams < self.max_actors
             self._open_streams += admitted
         if not admitted:
@@ -205,7 +188,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         try:
             yield from self._stream(request_iterator, context)
         finally:
-            with self._actors_lock:
+            with self._streams_lock:
                 self._open_streams -= 1
 
     def _stream(self, request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
@@ -219,11 +202,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         evaluating = handshake.mode == pb.EVAL
         if evaluating and self.run.eval_rounds is None:
             self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, "this learner runs no evaluation")
-        with self._actors_lock:
-            duplicate = handshake.actor_id in self._actors
-            if not duplicate:
-                self._actors[handshake.actor_id] = handshake.mode
-        if duplicate:
+        if not self.run.actors.join(handshake.actor_id, handshake.mode):
             self._reject(context, grpc.StatusCode.ALREADY_EXISTS,
                          f"actor id {handshake.actor_id!r} is already connected; give each actor its own --actor_id")
         store = self.run.eval_store if evaluating else self.run.store
@@ -241,9 +220,7 @@ class LearnerService(pb_grpc.LearnerServicer):
                 self.run.eval_rounds.disconnect(handshake.actor_id)
             store.release(slots)
             self._idle_streams.disarm((handshake.actor_id, context))
-            with self._actors_lock:
-                self._actors.pop(handshake.actor_id, None)
-                self._last_step.pop(handshake.actor_id, None)
+            self.run.actors.leave(handshake.actor_id)
 
     def _serve_steps(self, handshake: pb.Handshake, slots: np.ndarray, evaluating: bool,
                      request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
@@ -259,7 +236,7 @@ class LearnerService(pb_grpc.LearnerServicer):
             self._idle_streams.disarm(stream)
             if message is None or self.run.run.is_finished():
                 break
-            self._stepped(actor)
+            self.run.actors.stepped(actor)
             kind = self._kind(message)
             if kind != "step":
                 self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: " + (
@@ -336,18 +313,23 @@ class LearnerService(pb_grpc.LearnerServicer):
             if episode.eval_episode is None:
                 raise WireError(f"finished_episodes: env {episode.env} of an eval actor gives no eval_episode")
             try:
-                self.run.eval_rounds.record(actor_id, episode.eval_episode, episode.metrics, episode.images,
-                                            episode.record)
+                result = self.run.eval_rounds.record(actor_id, episode.eval_episode, episode.metrics, episode.images,
+                                                     episode.record)
             except ValueError as e:
                 raise WireError(f"finished_episodes: {e}") from None
+            if result is not None and self.run.eval_results is not None:
+                self.run.eval_results(result)
         snapshot = self.run.eval_rounds.agent_for(actor_id)
         if snapshot is None:
             raise WireError("an eval step before any eval work: call GetEvalWork first")
         return self.run.eval_batcher.submit(EvalRequest(request, snapshot[0]))
 
-    def _reject(self, context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> None:
+    def _reject(self, context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+        """Ends the call with `code`. gRPC's abort raises; should a context ever return from
+        it, this raises all the same, so that no caller goes on past a rejection."""
         self.count_rejection()
         context.abort(code, message)
+        raise RuntimeError(f"context.abort({code.name}) returned: {message}")
 
     def _check_handshake(self, handshake: pb.Handshake) -> str | None:
         run = self.run

@@ -73,7 +73,7 @@ def test_slots_are_reused_fresh_and_capacity_grows():
     feed(store, a, [1, 2], [1, 1])
     store.release(a)
     b = store.allocate(3)  # more than the initial capacity
-    assert len(set(b.tolist())) == 3 and store.num_allocated == 3
+    assert len(set(b.tolist())) == 3 and store.num_allocated() == 3
     first, _, _, _ = feed(store, b, [1, 2, 3], [1, 1, 1])
     assert first.tolist() == [True, True, True]
 

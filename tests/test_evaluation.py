@@ -25,26 +25,23 @@ class Clock:
 
 def rounds_of(episodes=5, interval_s=10.0):
     versions = iter(range(100, 1000, 100))
-    done = []
     clock = Clock()
-    rounds = EvalRounds(lambda: (torch.nn.Linear(1, 1), next(versions)), episodes, interval_s, done.append,
-                        clock=clock)
-    return rounds, done, clock
+    rounds = EvalRounds(lambda: (torch.nn.Linear(1, 1), next(versions)), episodes, interval_s, clock=clock)
+    return rounds, clock
 
 
 def test_a_round_hands_out_the_eval_set_once_and_averages_it_at_one_version():
-    rounds, done, clock = rounds_of()
+    rounds, clock = rounds_of()
     a, b = rounds.work("a", 2), rounds.work("b", 2)
     assert (a.episodes, b.episodes) == ([0, 1], [2, 3]) and a.policy_version == b.policy_version == 100
     assert rounds.agent_for("a")[0] is rounds.agent_for("b")[0]  # one frozen snapshot per round
-    for episode in a.episodes:
-        rounds.record("a", episode, {"return": float(episode)})
+    done = [rounds.record("a", episode, {"return": float(episode)}) for episode in a.episodes]
     c = rounds.work("a", 2)  # fast actors take more
     assert c.episodes == [4] and c.round == 0
-    rounds.record("a", 4, {"return": 4.0})
-    for episode in b.episodes:
-        rounds.record("b", episode, {"return": float(episode), "success": 1.0})
-    (result,) = done
+    done.append(rounds.record("a", 4, {"return": 4.0}))
+    done += [rounds.record("b", episode, {"return": float(episode), "success": 1.0}) for episode in b.episodes]
+    assert done[:-1] == [None] * 4  # only the round's last episode completes it
+    result = done[-1]
     assert result.policy_version == 100 and result.metrics == {"return": 2.0, "success": 1.0}
     # The next round waits for the interval, then runs at the newer version.
     assert rounds.work("a", 2).retry_after_s > 0
@@ -53,7 +50,7 @@ def test_a_round_hands_out_the_eval_set_once_and_averages_it_at_one_version():
 
 
 def test_episodes_of_a_vanished_actor_go_to_the_others():
-    rounds, done, _ = rounds_of(episodes=3)
+    rounds, _ = rounds_of(episodes=3)
     assert rounds.work("a", 2).episodes == [0, 1]
     rounds.disconnect("a")
     assert rounds.work("b", 3).episodes == [0, 1, 2]

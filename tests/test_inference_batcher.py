@@ -1,5 +1,6 @@
 """Dynamic batching: flush at the size limit, flush on the timeout, and errors reach the callers."""
 
+import queue
 import threading
 
 import pytest
@@ -45,21 +46,55 @@ def test_a_lone_request_is_served_after_the_timeout():
         batcher.stop()
 
 
-def test_handler_errors_reach_every_request_of_the_batch_and_the_batcher_survives():
+def test_a_failing_batch_fails_only_the_request_that_fails_alone_and_the_batcher_survives():
     calls = []
+    release = threading.Event()
 
     def handler(requests):
-        calls.append(requests)
-        if len(calls) == 1:
-            raise ValueError("bad batch")
-        return requests
+        release.wait()
+        calls.append(list(requests))
+        if 2 in requests:
+            raise ValueError("bad request 2")
+        return [r * 10 for r in requests]
 
-    batcher = InferenceBatcher(handler, size_of=lambda r: 1, max_batch_size=1, timeout_s=0.0)
+    batcher = InferenceBatcher(handler, size_of=lambda r: 1, max_batch_size=3, timeout_s=60.0)
     batcher.start()
     try:
-        with pytest.raises(ValueError, match="bad batch"):
-            batcher.submit(1).result(timeout=30)
-        assert batcher.submit(2).result(timeout=30) == 2
+        futures = [batcher.submit(i) for i in (1, 2, 3)]
+        release.set()  # the three are queued: they make one batch of the size limit
+        assert futures[0].result(timeout=30) == 10 and futures[2].result(timeout=30) == 30
+        with pytest.raises(ValueError, match="bad request 2"):
+            futures[1].result(timeout=30)
+        assert calls == [[1, 2, 3], [1], [2], [3]] and batcher.isolated_failures == 1
+        batcher.timeout_s = 0.0  # a lone request goes at once
+        assert batcher.submit(4).result(timeout=30) == 40
+    finally:
+        batcher.stop()
+
+
+def test_a_base_exception_reaches_every_request_of_its_batch():
+    """Not retried one by one (a KeyboardInterrupt belongs to the batch, not to a request),
+    and the batching thread goes on."""
+    release = threading.Event()
+    raised = []
+
+    def handler(requests):
+        release.wait()
+        if not raised:
+            raised.append(True)
+            raise KeyboardInterrupt
+        return requests
+
+    batcher = InferenceBatcher(handler, size_of=lambda r: 1, max_batch_size=2, timeout_s=60.0)
+    batcher.start()
+    try:
+        futures = [batcher.submit(i) for i in (1, 2)]
+        release.set()
+        for future in futures:
+            with pytest.raises(KeyboardInterrupt):
+                future.result(timeout=30)
+        batcher.timeout_s = 0.0
+        assert batcher.submit(7).result(timeout=30) == 7
     finally:
         batcher.stop()
 
@@ -80,16 +115,43 @@ def test_stopping_fails_waiting_requests():
         batcher.submit(3).result(timeout=1)
 
 
-def test_the_size_limit_is_read_at_each_batch():
+def test_the_connected_envs_are_read_at_each_batch():
+    """A batch that holds every connected env flushes at once, far below its size limit and
+    its 60 s timeout; the count changes as actors come and go, and each batch reads it anew."""
     handler = Recorder()
-    limit = [1]
-    batcher = InferenceBatcher(handler, size_of=lambda r: 1, max_batch_size=lambda: limit[0], timeout_s=60.0)
+    connected = 1
+    batcher = InferenceBatcher(handler, size_of=lambda r: 1, max_batch_size=1000, timeout_s=60.0,
+                               connected_envs=lambda: connected)
     batcher.start()
     try:
-        # With a limit of 1 a lone request flushes at once, with no 60 s wait.
         assert batcher.submit(1).result(timeout=30) == 10
+        connected = 2  # now a lone request waits for the other env's
+        futures = [batcher.submit(2), batcher.submit(3)]
+        assert [f.result(timeout=30) for f in futures] == [20, 30]
+        assert handler.batches == [[1], [2, 3]]
     finally:
         batcher.stop()
+
+
+def test_a_request_submitted_while_the_batcher_stops_is_answered():
+    """submit() racing stop(): its request must be drained by stop() or refused, never left
+    in the queue after the drain with a stream thread waiting on it forever."""
+    batcher = InferenceBatcher(Recorder(), size_of=lambda r: 1, max_batch_size=1, timeout_s=0.0)
+    batcher.start()
+    stopped = threading.Event()
+
+    class StopWhilePutting(queue.SimpleQueue):
+        def put(self, item):  # stop() runs between submit()'s check and its put
+            threading.Thread(target=lambda: (batcher.stop(), stopped.set())).start()
+            stopped.wait(timeout=1.0)  # with the race closed, stop() waits for this submit instead
+            super().put(item)
+
+    batcher._queue = StopWhilePutting()
+    future = batcher.submit(1)
+    assert stopped.wait(timeout=30)
+    # Answered by the batching thread or refused by the drain: nothing is left waiting.
+    assert future.done()
+    assert future.exception() is None or isinstance(future.exception(), BatcherStopped)
 
 
 def test_a_batch_with_a_request_from_every_stream_flushes_before_the_timeout():

@@ -12,7 +12,7 @@ from fleetrl.problems import load_problem
 def test_eval_rounds_play_every_task_and_trial_exactly_once_across_eval_actors():
     problem = load_problem("libero", {"suite": "libero_goal", "task_ids": "[2,5,7]", "eval_trials_per_task": "4"})
     assert problem.num_eval_episodes() == 12
-    rounds = EvalRounds(lambda: (None, 0), problem.num_eval_episodes(), interval_s=0.0, on_complete=lambda r: None)
+    rounds = EvalRounds(lambda: (None, 0), problem.num_eval_episodes(), interval_s=0.0)
     played = []
     actors = ["a", "b", "c"]
     while len(played) < 12:

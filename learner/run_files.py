@@ -1,0 +1,53 @@
+"""The run's two plain files in its logdir: config.json as it starts, summary.json as it ends."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+
+from fleetrl.common.files import atomic_write_json
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.problems.base import Problem
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class RunSummary:
+    reason: str
+    env_steps: int
+    episodes: int
+    mean_episode_return: float  # over the last `return_window` train episodes
+    return_window: int
+    trainer_steps: int
+    wall_s: float
+    target_reached: bool | None
+    # The checkpoint written as the run ended; None when it could not be (a full disk, say).
+    final_checkpoint: str | None = None
+
+
+def write_run_config(config: LearnerConfig, problem: Problem) -> dict:
+    """<logdir>/config.json: the whole config as resolved (the Problem's defaults included),
+    keeping the "launch" section a launcher wrote there before starting this learner."""
+    path = os.path.join(config.logdir, "config.json")
+    launch = {}
+    if os.path.exists(path):
+        with open(path) as f:
+            launch = json.load(f).get("launch", {})
+    run_config = {
+        "learner": dataclasses.asdict(config),
+        "problem": {"class": f"{type(problem).__module__}:{type(problem).__qualname__}",
+                    "config": dataclasses.asdict(problem.config)},
+        **({"launch": launch} if launch else {})}
+    atomic_write_json(path, run_config, indent=2)
+    return run_config
+
+
+def write_summary(logdir: str, summary: RunSummary) -> None:
+    """<logdir>/summary.json; a write that fails is logged, since the run itself is over."""
+    try:
+        atomic_write_json(os.path.join(logdir, "summary.json"), dataclasses.asdict(summary), indent=2)
+    except OSError as e:
+        log.error("summary.json not written: %s", e)
