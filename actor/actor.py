@@ -44,9 +44,10 @@ from fleetrl.proto.tensors import decode_all, encode_all
 
 log = logging.getLogger(__name__)
 
-# Codes that mean "the learner is not there right now": worth waiting for.
-_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED,
-              grpc.StatusCode.UNKNOWN}
+# Codes that mean "the learner is not there right now": worth waiting for. UNKNOWN is not
+# among them: it is what gRPC answers when the learner's own code raised, a bug to report
+# at once rather than to retry for max_reconnect_s.
+_RETRYABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED}
 
 
 class ActorError(RuntimeError):
@@ -208,6 +209,10 @@ class Actor:
                 code = e.code() if hasattr(e, "code") else grpc.StatusCode.UNKNOWN
                 # Our own stream from before a break, which the learner has not yet seen end.
                 lingering = code == grpc.StatusCode.ALREADY_EXISTS and self._connected_once
+                if code == grpc.StatusCode.UNKNOWN:
+                    raise ActorError(f"the learner at {self.config.learner_address} failed while serving actor "
+                                     f"{self.actor_id} (an error in the learner: see its log): {code.name}: "
+                                     f"{e.details()}") from None
                 if code not in _RETRYABLE and not lingering:
                     raise ActorError(f"the learner at {self.config.learner_address} refused actor "
                                      f"{self.actor_id}: {code.name}: {e.details()}") from None
