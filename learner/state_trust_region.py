@@ -14,6 +14,8 @@ The batch's remaining steps are then skipped.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
 from fleetrl.agents.base import Agent
@@ -22,6 +24,15 @@ from fleetrl.losses.ppo import categorical_kl
 
 # After this many halvings (a 64th of the step) the step is undone altogether.
 MAX_HALVINGS = 6
+
+
+@dataclasses.dataclass
+class Shortening:
+    max_state_kl: float  # the largest state KL after the (shortened) step
+    step_fraction: float  # of the step kept: 1 whole, 0 undone
+
+    def logs(self) -> dict[str, float]:
+        return {"ppo/max_state_kl": self.max_state_kl, "ppo/step_fraction": self.step_fraction}
 
 
 class StateTrustRegion:
@@ -41,12 +52,12 @@ class StateTrustRegion:
         return [p.detach().clone() for p in self.parameters]
 
     @torch.no_grad()
-    def enforce(self, before_step: list[torch.Tensor]) -> dict[str, float]:
+    def enforce(self, before_step: list[torch.Tensor]) -> Shortening:
         """Shortens the step just taken from `before_step` until no state of the batch is past
         the bound; returns the largest state KL and the fraction of the step kept (0: undone)."""
         largest = self._largest_kl()
         if largest <= self.max_kl:
-            return {"ppo/max_state_kl": largest, "ppo/step_fraction": 1.0}
+            return Shortening(largest, 1.0)
         after_step = self.weights()
         fraction = 1.0
         for _ in range(MAX_HALVINGS):
@@ -55,10 +66,10 @@ class StateTrustRegion:
                 p.copy_(before + fraction * (after - before))
             largest = self._largest_kl()
             if largest <= self.max_kl:
-                return {"ppo/max_state_kl": largest, "ppo/step_fraction": fraction}
+                return Shortening(largest, fraction)
         for p, before in zip(self.parameters, before_step):
             p.copy_(before)
-        return {"ppo/max_state_kl": self._largest_kl(), "ppo/step_fraction": 0.0}
+        return Shortening(self._largest_kl(), 0.0)
 
     def _largest_kl(self) -> float:
         batch = self.batch

@@ -16,6 +16,7 @@ by a policy that is half-way through an update, at the cost of idle actors meanw
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 
 import torch
 
@@ -24,6 +25,15 @@ from fleetrl.learner.inference import PolicyVersion
 from fleetrl.learner.state_trust_region import StateTrustRegion
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.base import Problem
+
+
+@dataclasses.dataclass
+class Step:
+    """One optimizer step (or one skipped): its logs, and whether the batch's updates end here."""
+
+    logs: dict[str, float]
+    ends_batch: bool = False  # target_kl skipped it, or max_state_kl shortened it
+    stopped_early: bool | None = None  # whether target_kl skipped it; None: not checked
 
 
 class Trainer:
@@ -57,7 +67,7 @@ class Trainer:
         if batch.batch_size % (self.minibatches * self.accumulation_steps):
             raise ValueError(f"batch_size {batch.batch_size} does not split into {self.minibatches} minibatches "
                              f"of {self.accumulation_steps} microbatches")
-        steps: list[dict[str, float]] = []
+        steps: list[Step] = []
         with self.policy.lock if self.block_inference else contextlib.nullcontext():
             lag = self.policy.version - batch.policy_version[:-1].float().mean()
             if self.problem.config.reset_momentum_each_batch:
@@ -81,15 +91,15 @@ class Trainer:
                                    for i in order.chunk(self.minibatches)]
                 for minibatch, minibatch_prepared in minibatches:
                     steps.append(self._step(minibatch, minibatch_prepared))
-                    if _ends_batch(steps[-1]):
+                    if steps[-1].ends_batch:
                         break
-                if _ends_batch(steps[-1]):
+                if steps[-1].ends_batch:
                     break
-        names = {name for step in steps for name in step}
-        logs = {name: sum(step[name] for step in steps if name in step) / sum(name in step for step in steps)
-                for name in names}
-        if "ppo/stopped_early" in logs:  # per batch: whether --target_kl cut it short
-            logs["ppo/stopped_early"] = steps[-1]["ppo/stopped_early"]
+        names = {name for step in steps for name in step.logs}
+        logs = {name: sum(step.logs[name] for step in steps if name in step.logs)
+                / sum(name in step.logs for step in steps) for name in names}
+        if steps[-1].stopped_early is not None:  # per batch: whether --target_kl cut it short
+            logs["ppo/stopped_early"] = float(steps[-1].stopped_early)
         self.last_policy_lag = float(lag) / (self.epochs * self.minibatches)
         logs["learner/policy_lag_updates"] = self.last_policy_lag
         return logs
@@ -111,37 +121,37 @@ class Trainer:
                              f"{type(self.agent).__name__} outputs no policy_logits (it outputs {sorted(outputs)})")
         return outputs["policy_logits"]
 
-    def _step(self, minibatch: UnrollBatch, prepared: dict[str, torch.Tensor]) -> dict[str, float]:
+    def _step(self, minibatch: UnrollBatch, prepared: dict[str, torch.Tensor]) -> Step:
         """One optimizer step; with accumulation_steps > 1, its gradient is the mean of the
         microbatches', each freed after its backward pass."""
         self.optimizer.zero_grad(set_to_none=True)
         parts = self.accumulation_steps
         summaries: dict[str, float] = {}
+        approx_kl: float | None = None
         for index in torch.arange(minibatch.batch_size, device=self.device).chunk(parts):
             micro = minibatch if parts == 1 else minibatch.select(index)
             micro_prepared = prepared if parts == 1 else {k: v[:, index] for k, v in prepared.items()}
-            loss, logs = self.algorithm.loss(self.problem, self.agent, micro, micro_prepared)
-            (loss if parts == 1 else loss / parts).backward()
-            for name, value in logs.items():
+            result = self.algorithm.loss(self.problem, self.agent, micro, micro_prepared)
+            (result.loss if parts == 1 else result.loss / parts).backward()
+            for name, value in result.logs.items():
                 summaries[name] = summaries.get(name, 0.0) + float(value) / parts
+            if result.approx_kl is not None:
+                approx_kl = (approx_kl or 0.0) + float(result.approx_kl) / parts
         target_kl = self.problem.config.target_kl
-        if target_kl is not None and "ppo/approx_kl" in summaries:
-            # This batch has moved the policy far enough: no step on it (SB3's check, before the step).
-            summaries["ppo/stopped_early"] = float(summaries["ppo/approx_kl"] > 1.5 * target_kl)
-            if summaries["ppo/stopped_early"]:
-                return summaries
+        stopped_early = None if target_kl is None or approx_kl is None else approx_kl > 1.5 * target_kl
+        if stopped_early:  # this batch has moved the policy far enough: no step on it (SB3's check, before the step)
+            return Step(summaries, ends_batch=True, stopped_early=True)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.problem.config.max_grad_norm)
         before_step = self.trust_region.weights() if self.trust_region else None
+        shortening = None
         with self.policy.lock:  # the only writes to the weights; the version counts these steps
             self.optimizer.step()
             if before_step is not None:
-                summaries.update(self.trust_region.enforce(before_step))
+                shortening = self.trust_region.enforce(before_step)
             self.policy.version += 1
         summaries.update({"optim/grad_norm": float(grad_norm),
                           "optim/learning_rate": self.optimizer.param_groups[0]["lr"]})
-        return summaries
-
-
-def _ends_batch(step_logs: dict[str, float]) -> bool:
-    """--target_kl skipped the step, or max_state_kl shortened it: the batch's updates end."""
-    return bool(step_logs.get("ppo/stopped_early")) or step_logs.get("ppo/step_fraction", 1.0) < 1.0
+        if shortening is None:
+            return Step(summaries, stopped_early=stopped_early)
+        return Step({**summaries, **shortening.logs()}, ends_batch=shortening.step_fraction < 1.0,
+                    stopped_early=stopped_early)

@@ -17,6 +17,9 @@ that never ran.
 
 Register a new one with `ALGORITHMS["name"] = MyAlgorithm()`; select it with
 `--hparams=algorithm=name` or in a Problem's config.
+
+`loss` returns a `LossResult`: the loss, its logs (TensorBoard tags, for people), and the
+typed fields the trainer acts on (`approx_kl`, for `target_kl`). The trainer never reads a tag.
 """
 
 from __future__ import annotations
@@ -40,14 +43,22 @@ from fleetrl.losses.chunks import (
 from fleetrl.losses.config import LossConfig
 from fleetrl.losses.gae import gae
 from fleetrl.losses.group_advantages import GROUP_ADVANTAGE, GroupAdvantages
-from fleetrl.losses.ppo import categorical_kl, ppo_loss
+from fleetrl.losses.ppo import APPROX_KL, categorical_kl, ppo_loss
 from fleetrl.losses.training_problem import TrainingProblem
 from fleetrl.losses.transitions import transitions
 from fleetrl.losses.unroll_hook import UnrollHook
 from fleetrl.losses.vtrace import vtrace_loss
 
 Prepared = dict[str, torch.Tensor]  # [T, B] per-transition tensors
-LossAndLogs = tuple[torch.Tensor, dict[str, torch.Tensor]]
+
+
+@dataclasses.dataclass
+class LossResult:
+    loss: torch.Tensor
+    logs: dict[str, torch.Tensor]  # for TensorBoard
+    # The mean approximate KL from the policy that acted over the RL steps (PPO's and GRPO's
+    # ratio); None for an algorithm without one. The trainer's target_kl stops on it.
+    approx_kl: torch.Tensor | None = None
 
 
 class Algorithm:
@@ -66,24 +77,24 @@ class Algorithm:
         return {"rewards": steps.rewards, "discounts": steps.discounts, "valid": steps.valid,
                 "teacher": torch.zeros_like(steps.valid) if forced is None else forced[:-1].float()}
 
-    def loss(self, problem: TrainingProblem, agent: Agent, batch: UnrollBatch, prepared: Prepared) -> LossAndLogs:
+    def loss(self, problem: TrainingProblem, agent: Agent, batch: UnrollBatch, prepared: Prepared) -> LossResult:
         outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state, batch.action)
         valid, teacher = prepared["valid"], prepared["teacher"]
-        loss, logs = self.rl_loss(problem, outputs, batch, {**prepared, "valid": valid * (1 - teacher)})
+        result = self.rl_loss(problem, outputs, batch, {**prepared, "valid": valid * (1 - teacher)})
         if TEACHER_FORCING not in batch.extras:
-            return loss, logs
+            return result
         forced = valid * teacher
         if forced.any():
             log_probs = per_step(batch.extras, problem.teacher_forcing_log_prob(outputs, batch.action),
                                  "chunk_level")[:-1]
             cross_entropy = -(log_probs * forced).sum() / forced.sum()
-            loss = loss + problem.config.teacher_forcing_cost * cross_entropy
-            logs["loss/teacher_forcing"] = cross_entropy.detach()
-        logs["teacher_forcing/fraction"] = forced.sum() / valid.sum().clamp(min=1)
-        return loss, logs
+            result.loss = result.loss + problem.config.teacher_forcing_cost * cross_entropy
+            result.logs["loss/teacher_forcing"] = cross_entropy.detach()
+        result.logs["teacher_forcing/fraction"] = forced.sum() / valid.sum().clamp(min=1)
+        return result
 
     def rl_loss(self, problem: TrainingProblem, outputs: dict[str, torch.Tensor], batch: UnrollBatch,
-                prepared: Prepared) -> LossAndLogs:
+                prepared: Prepared) -> LossResult:
         """The RL loss over the transitions where prepared["valid"] is 1."""
         raise NotImplementedError
 
@@ -93,7 +104,7 @@ class Supervised(Algorithm):
 
     def rl_loss(self, problem, outputs, batch, prepared):
         # Zero, but tied to the outputs, so that a batch without forced steps still backpropagates.
-        return sum(v.sum() for v in outputs.values()) * 0.0, {}
+        return LossResult(sum(v.sum() for v in outputs.values()) * 0.0, {})
 
 
 class VTrace(Algorithm):
@@ -106,14 +117,14 @@ class VTrace(Algorithm):
         return super().prepare(problem, batch)
 
     def rl_loss(self, problem, outputs, batch, prepared):
-        return vtrace_loss(
+        return LossResult(*vtrace_loss(
             target_log_probs=per_step(batch.extras, problem.action_log_prob(outputs, batch.action), "chunk_level"),
             entropy=per_step(batch.extras, problem.entropy(outputs), "chunk_level"),
             values=outputs["baseline"],
             behaviour_log_probs=per_step(batch.extras, batch.behaviour_log_prob, "chunk_level"),
             rewards=prepared["rewards"], discounts=prepared["discounts"], valid=prepared["valid"],
             config=problem.config,
-        )
+        ))
 
 
 class PPO(Algorithm):
@@ -147,7 +158,7 @@ class PPO(Algorithm):
         old_values = batch.behaviour_value[:-1]
         if returns.dim() > values.dim():  # action-level value targets: the chunk's value stands in
             values, old_values = values.unsqueeze(-1).expand_as(returns), old_values.unsqueeze(-1).expand_as(returns)
-        return ppo_loss(
+        loss, logs = ppo_loss(
             log_probs=log_probs, old_log_probs=per_step(batch.extras, batch.behaviour_log_prob, level)[:-1],
             advantages=align_advantages(prepared["advantages"], log_probs.shape),
             values=values, old_values=old_values, returns=returns,
@@ -158,6 +169,7 @@ class PPO(Algorithm):
             anchor_kl=(categorical_kl(prepared["anchor_logits"][:-1], outputs["policy_logits"][:-1])
                        if "anchor_logits" in prepared else None),
         )
+        return LossResult(loss, logs, approx_kl=logs[APPROX_KL])
 
 
 class GRPO(Algorithm):
@@ -189,7 +201,7 @@ class GRPO(Algorithm):
         )
         for name in ("loss/value", "value/explained_variance"):  # no value function: nothing to report
             logs.pop(name)
-        return loss, logs
+        return LossResult(loss, logs, approx_kl=logs[APPROX_KL])
 
 
 ALGORITHMS: dict[str, Algorithm] = {"vtrace": VTrace(), "ppo": PPO(), "grpo": GRPO(), "supervised": Supervised()}

@@ -21,6 +21,9 @@ import torch.nn.functional as F
 from fleetrl.losses.config import LossConfig
 from fleetrl.losses.explained_variance import explained_variance
 
+# The mean approximate KL (Schulman's k3 estimator) from the policy that acted, among the logs.
+APPROX_KL = "ppo/approx_kl"
+
 
 def masked_mean(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (x * mask).sum() / mask.sum().clamp(min=1)
@@ -82,7 +85,7 @@ def ppo_loss(log_probs: torch.Tensor, old_log_probs: torch.Tensor, advantages: t
             "loss/value": value_loss.detach(),
             "policy/entropy": mean_entropy.detach(),
             "policy/advantage_std": std,  # before normalization: how much signal the batch carries
-            "ppo/approx_kl": masked_mean((ratio - 1) - log_ratio, valid),
+            APPROX_KL: masked_mean((ratio - 1) - log_ratio, valid),
             "ppo/clip_fraction": masked_mean(((ratio < 1 - config.clip_eps_low) |
                                               (ratio > 1 + config.clip_eps_high)).float(), valid),
             # One rare action whose probability jumped, which the mean KL cannot tell from a broad shift.

@@ -235,7 +235,8 @@ def test_ppo_trains_only_on_actions_that_ran(reward_type, logprob_type):
     prepared = algorithm.prepare(problem, batch)
     advantage_shape = (6, 4, 3) if reward_type == "action_level" else (6, 4)
     assert prepared["advantages"].shape == advantage_shape
-    loss, logs = algorithm.rl_loss(problem, outputs, batch, prepared)
+    result = algorithm.rl_loss(problem, outputs, batch, prepared)
+    loss, logs = result.loss, result.logs
     assert torch.isfinite(loss) and all(torch.isfinite(v) for v in logs.values())
     loss.backward()
     ran = executed_mask(batch.extras["actions_executed"][1:], 3)[..., None] * prepared["valid"][..., None, None]
@@ -260,8 +261,7 @@ def test_chunked_vtrace_sums_each_chunks_log_probs_over_the_actions_that_ran():
     problem = TokenProblem(tokens, algorithm="vtrace")
     outputs = {"baseline": torch.randn(batch.first.shape, requires_grad=True)}
     algorithm = VTrace()
-    loss, _ = algorithm.rl_loss(problem, outputs, batch, algorithm.prepare(problem, batch))
-    loss.backward()
+    algorithm.rl_loss(problem, outputs, batch, algorithm.prepare(problem, batch)).loss.backward()
     ran = executed_mask(batch.extras["actions_executed"][1:], 3)[..., None].expand(-1, -1, -1, 2)
     assert torch.all(tokens.grad[:-1][ran == 0] == 0) and tokens.grad[:-1][ran == 1].abs().sum() > 0
 

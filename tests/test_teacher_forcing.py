@@ -89,14 +89,15 @@ def test_forced_steps_train_by_cross_entropy_and_the_rest_by_rl():
     agent = problem.make_agent()
     algorithm = problem.algorithm()
     prepared = algorithm.prepare(problem, batch)
-    loss, logs = algorithm.loss(problem, agent, batch, prepared)
+    result = algorithm.loss(problem, agent, batch, prepared)
+    loss, logs = result.loss, result.logs
     with torch.no_grad():
         outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state)
         log_probs = problem.action_log_prob(outputs, batch.action)[:-1]
         forced = prepared["valid"] * prepared["teacher"]
         expected_ce = -(log_probs * forced).sum() / forced.sum()
         rl_valid = prepared["valid"] * (1 - prepared["teacher"])
-        rl_only, _ = algorithm.rl_loss(problem, outputs, batch, {**prepared, "valid": rl_valid})
+        rl_only = algorithm.rl_loss(problem, outputs, batch, {**prepared, "valid": rl_valid}).loss
     assert logs["loss/teacher_forcing"].item() == pytest.approx(expected_ce.item(), rel=1e-5)
     assert loss.item() == pytest.approx(rl_only.item() + 2.0 * expected_ce.item(), rel=1e-5)
     assert 0 < logs["teacher_forcing/fraction"].item() < 1
@@ -108,7 +109,8 @@ def test_supervised_alone_trains_only_on_forced_steps():
     assert batch.extras["teacher_forcing"].all()
     agent = problem.make_agent()
     algorithm = problem.algorithm()
-    loss, logs = algorithm.loss(problem, agent, batch, algorithm.prepare(problem, batch))
+    result = algorithm.loss(problem, agent, batch, algorithm.prepare(problem, batch))
+    loss, logs = result.loss, result.logs
     assert loss.item() == pytest.approx(logs["loss/teacher_forcing"].item())
     loss.backward()
     assert agent.policy.weight.grad.abs().sum() > 0

@@ -176,7 +176,7 @@ def test_reset_momentum_each_batch_moves_every_weight_against_the_batchs_own_gra
     trainer.update(first_batch)
     algorithm = problem.algorithm()
     agent.zero_grad()
-    algorithm.loss(problem, agent, second_batch, algorithm.prepare(problem, second_batch))[0].backward()
+    algorithm.loss(problem, agent, second_batch, algorithm.prepare(problem, second_batch)).loss.backward()
     gradient = torch.cat([p.grad.flatten() for p in agent.parameters()])
     before = torch.cat([p.detach().flatten() for p in agent.parameters()])
     trainer.update(second_batch)
