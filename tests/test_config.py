@@ -96,10 +96,12 @@ def test_adams_settings_reach_the_optimizer(name):
 
 
 def test_a_problems_boolean_fields_are_boolean_flags(tmp_path, repo_root):
-    """`--observation_text` and `--nonormalize_advantages`, as absl booleans, reach the
-    Problem's config as true and false."""
+    """absl booleans reach the Problem's config against its defaults: NumberLine turns
+    advantage normalization off and resets momentum per batch, and these flags say the opposite;
+    `--solvable_only` turns on a field that defaults to off."""
     process = subprocess.Popen([sys.executable, "-m", "fleetrl.launch.learner", "--problem=gym_cards/numberline",
-                                "--nonormalize_advantages", "--solvable_only", f"--logdir={tmp_path}",
+                                "--normalize_advantages", "--noreset_momentum_each_batch", "--solvable_only",
+                                f"--logdir={tmp_path}",
                                 "--bind=127.0.0.1:0"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=repo_root)
     try:
@@ -112,4 +114,8 @@ def test_a_problems_boolean_fields_are_boolean_flags(tmp_path, repo_root):
     finally:
         process.send_signal(signal.SIGTERM)
         process.communicate(timeout=60)
-    assert problem["normalize_advantages"] is False and problem["solvable_only"] is True
+    defaults = load_problem("gym_cards/numberline").config
+    assert (defaults.normalize_advantages, defaults.reset_momentum_each_batch, defaults.solvable_only) == \
+        (False, True, False)
+    assert (problem["normalize_advantages"], problem["reset_momentum_each_batch"], problem["solvable_only"]) == \
+        (True, False, True)

@@ -37,10 +37,18 @@ def test_a_steady_trickle_of_work_keeps_one_thread_and_lets_the_others_exit():
     release.set()
     for future in burst:
         future.result(timeout=10)
-    deadline = time.monotonic() + 1.5
-    while time.monotonic() < deadline:  # one short task every 20 ms: spread over 8 threads, none would idle 0.3 s
-        pool.submit(time.sleep, 0.001).result(timeout=10)
-        time.sleep(0.02)
+    # Back-to-back short tasks: handed round the 8 threads, each would get one every few
+    # milliseconds and none would idle 0.3 s; handed to the last thread that finished, one does
+    # them all and the other seven exit.
+    def trickle(tasks: int) -> None:
+        for _ in range(tasks):
+            pool.submit(time.sleep, 0.001).result(timeout=10)
+
+    deadline = time.monotonic() + 10
+    while pool.workers > 1:
+        assert time.monotonic() < deadline, f"{pool.workers} threads still up under a trickle of work"
+        trickle(20)
+    trickle(500)  # about twice idle_s of steady work: the one thread stays, no other starts
     assert pool.workers == 1
 
 

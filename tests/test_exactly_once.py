@@ -71,6 +71,9 @@ class CuttingProxy:
         self.cut()
 
 
+CUTS = 30
+
+
 def test_each_episode_counts_once_however_often_streams_break(serve):
     learner = serve(problem="cartpole")
     proxy = CuttingProxy(learner.address)
@@ -89,9 +92,14 @@ def test_each_episode_counts_once_however_often_streams_break(serve):
         thread.start()
     rng = np.random.default_rng(0)
     try:
-        while any(t.is_alive() for t in threads):
-            time.sleep(rng.uniform(0.05, 0.3))
+        # Cuts counted in steps, not seconds: each after a random few more answered steps, so
+        # the actors' 400 steps see all CUTS of them however fast this machine runs.
+        for _ in range(CUTS):
+            target = sum(a.steps_sent for a in actors) + rng.integers(1, 8)
+            while sum(a.steps_sent for a in actors) < target and any(t.is_alive() for t in threads):
+                time.sleep(0.005)
             proxy.cut()
+        cuts = proxy.cuts  # close() below cuts once more, after the actors are done
     finally:
         for thread in threads:
             thread.join(timeout=60)
@@ -99,7 +107,8 @@ def test_each_episode_counts_once_however_often_streams_break(serve):
     assert not errors, errors
     status: pb.Status = learner.status()
     reported = sum(a.episodes_sent for a in actors)
-    assert proxy.cuts >= 20 and reported >= 100, (proxy.cuts, reported)
+    assert cuts == CUTS and reported >= 100, (cuts, reported)
+    assert all(a.steps_sent == 400 for a in actors)  # every cut came while they were still stepping
     # Some cut came after the learner had taken a step in: that step came again, answered.
     assert status.resent_steps > 0, status
     assert status.episodes == reported, (status.episodes, reported, status.resent_steps)

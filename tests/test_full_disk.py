@@ -63,7 +63,15 @@ def test_training_goes_on_through_a_full_disk_and_writes_again_once_there_is_roo
     run = threading.Thread(target=lambda: summary.append(learner.run()))
     run.start()
     actor = Actor(ActorConfig(learner_address=learner.address, problem="cartpole", num_envs=8, max_reconnect_s=10))
-    acting = threading.Thread(target=actor.run)
+    actor_errors = []  # the filter above hides thread exceptions, so the actor's are caught here
+
+    def act():
+        try:
+            actor.run()
+        except BaseException as e:
+            actor_errors.append(e)
+
+    acting = threading.Thread(target=act)
     acting.start()
     checkpoints = learner.run_state.checkpoints
     try:
@@ -85,6 +93,7 @@ def test_training_goes_on_through_a_full_disk_and_writes_again_once_there_is_roo
         learner.finish("test over")
         run.join(timeout=60)
         acting.join(timeout=60)
+    assert not acting.is_alive() and actor_errors == []  # the actor played on through the full disk, then ended
     assert summary and summary[0].final_checkpoint == checkpoints.latest()
     events = EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     events.Reload()

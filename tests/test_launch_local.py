@@ -112,10 +112,68 @@ def test_grpo_learns_cartpole_without_a_value_function(tmp_path, local_run):
                     "--total_env_steps=400000", "--target_mean_return=200")
 
 
+CUE_PROBLEM = '''
+"""Remember a cue: shown at the first step only, then asked at every step after it."""
+import dataclasses
+
+import gymnasium as gym
+import numpy as np
+
+from fleetrl.agents import LSTMAgent, MLPAgent
+from fleetrl.problems import Problem, ProblemConfig
+
+
+class CueEnv(gym.Env):
+    """The first observation is the cue (+1 or -1), the rest are 0. Each step pays 1 when the
+    action names the cue's side. Episodes last longer than an unroll, so the cue reaches their
+    later steps only through the recurrent state the learner kept between unrolls."""
+
+    observation_space = gym.spaces.Box(-1.0, 1.0, (1,), np.float32)
+    action_space = gym.spaces.Discrete(2)
+
+    def __init__(self, length):
+        self.length = length
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        self.cue, self.t = self.np_random.choice([-1.0, 1.0]), 0
+        return np.array([self.cue], np.float32), {}
+
+    def step(self, action):
+        reward = float(int(action) == int(self.cue > 0))
+        self.t += 1
+        return np.zeros(1, np.float32), reward, self.t >= self.length, False, {}
+
+
+@dataclasses.dataclass
+class CueConfig(ProblemConfig):
+    length: int = 12
+    recurrent: bool = True
+
+
+class CueProblem(Problem):
+    name = "cue"
+    Config = CueConfig
+
+    def make_env(self):
+        return CueEnv(self.config.length)
+
+    def make_agent(self):
+        return LSTMAgent(1, 2, (32,), 32) if self.config.recurrent else MLPAgent(1, 2, (32,))
+'''
+
+
 @pytest.mark.slow
 def test_the_recurrent_agent_learns_through_the_learner_side_state(tmp_path, local_run):
-    local_run.train_to_target(tmp_path, "--problem=cartpole_lstm", "--num_actors=2", "--envs_per_actor=16", "--seed=1",
-                    "--total_env_steps=500000", "--target_mean_return=100")
+    """Episodes of 12 steps in unrolls of 5: a policy without memory earns at most 1 + 11/2 =
+    6.5 a episode (the cue's own step, then chance), one that carries the cue across
+    unrolls 12."""
+    package = tmp_path / "user_code"
+    package.mkdir()
+    (package / "cue_problem.py").write_text(CUE_PROBLEM)
+    local_run.train_to_target(tmp_path / "run", "--problem=cue_problem:CueProblem", "--num_actors=2",
+                              "--envs_per_actor=16", "--unroll_length=5", "--seed=1", "--total_env_steps=300000",
+                              "--target_mean_return=10", pythonpath=package, cwd=tmp_path)
 
 
 USER_PROBLEM = '''

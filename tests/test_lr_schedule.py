@@ -1,5 +1,7 @@
 """The learning-rate schedule and the loss's reward scale."""
 
+import threading
+
 import pytest
 import torch
 
@@ -57,16 +59,27 @@ def test_an_unknown_schedule_is_refused_by_name():
         load_problem("cartpole", {"learning_rate_schedule": "cosine"})
 
 
-def test_the_learner_decays_the_rate_as_env_steps_are_served(tmp_path, unroll_batch):
+def test_a_training_learner_decays_the_rate_as_env_steps_are_served(tmp_path, local_run):
+    """A real run, one learner and one actor in this process: the rate the optimizer steps
+    with falls from learning_rate towards 0 over total_env_steps."""
+    from fleetrl.actor.actor import Actor
+    from fleetrl.actor.config import ActorConfig
     from fleetrl.learner.config import LearnerConfig
     from fleetrl.learner.learner import Learner
 
     learner = Learner(LearnerConfig(problem="cartpole", hparams={"learning_rate_schedule": "linear"},
-                                    total_env_steps=400, logdir=str(tmp_path), bind="127.0.0.1:0"))
-    learner.inference.env_steps = 100
-    learner.lr_schedule.apply(learner.optimizer, learner.inference.env_steps)
-    assert learner.trainer.update(unroll_batch(learner.problem, learner.agent))["optim/learning_rate"] == \
-        pytest.approx(0.75e-3)
+                                    total_env_steps=6000, batch_size=4, unroll_length=16, logdir=str(tmp_path),
+                                    bind="127.0.0.1:0", summary_interval_s=0.2))
+    actor = threading.Thread(target=Actor(ActorConfig(learner_address=learner.address, num_envs=8)).run, daemon=True)
+    actor.start()
+    summary = learner.run()
+    actor.join(timeout=60)
+    assert summary.reason.startswith("total_env_steps reached")
+    rates = local_run.read_scalars(tmp_path)["optim/learning_rate"]
+    rate = learner.problem.config.learning_rate
+    assert len(rates) >= 3 and all(0 < r <= rate for r in rates)
+    assert rates[0] > 0.7 * rate and rates[-1] < 0.3 * rate, rates
+    assert rates == sorted(rates, reverse=True), rates
 
 
 def test_the_learner_warms_up_over_its_first_updates_and_a_resumed_run_does_not(tmp_path, unroll_batch):

@@ -1,5 +1,7 @@
 """Teacher forcing: oracle actions in forced episodes, per-episode draws, and the loss mix."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -84,23 +86,39 @@ def test_forced_episodes_go_to_their_own_episode_group():
 
 
 def test_forced_steps_train_by_cross_entropy_and_the_rest_by_rl():
-    problem = load_problem("grid_nav", {"teacher_forcing_fraction": "0.5", "teacher_forcing_cost": "2.0"})
-    *_, batch = list(run_inference(problem))
-    agent = problem.make_agent()
-    algorithm = problem.algorithm()
-    prepared = algorithm.prepare(problem, batch)
-    result = algorithm.loss(problem, agent, batch, prepared)
-    loss, logs = result.loss, result.logs
+    """Computed here from the agent's logits, not by the loss code: the cross-entropy of the
+    executed (oracle) actions over the forced episodes' transitions, weighted by
+    teacher_forcing_cost; and the RL part blind to the forced episodes' rewards."""
+    *_, batch = list(run_inference(load_problem("grid_nav", {"teacher_forcing_fraction": "0.5"})))
+    agent = load_problem("grid_nav").make_agent()
+
+    def loss_of(batch, cost):
+        problem = load_problem("grid_nav", {"teacher_forcing_fraction": "0.5", "teacher_forcing_cost": str(cost)})
+        algorithm = problem.algorithm()
+        torch.manual_seed(0)
+        return algorithm.loss(problem, agent, batch, algorithm.prepare(problem, batch))
+
     with torch.no_grad():
         outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state)
-        log_probs = problem.action_log_prob(outputs, batch.action)[:-1]
-        forced = prepared["valid"] * prepared["teacher"]
-        expected_ce = -(log_probs * forced).sum() / forced.sum()
-        rl_valid = prepared["valid"] * (1 - prepared["teacher"])
-        rl_only = algorithm.rl_loss(problem, outputs, batch, {**prepared, "valid": rl_valid}).loss
-    assert logs["loss/teacher_forcing"].item() == pytest.approx(expected_ce.item(), rel=1e-5)
-    assert loss.item() == pytest.approx(rl_only.item() + 2.0 * expected_ce.item(), rel=1e-5)
-    assert 0 < logs["teacher_forcing/fraction"].item() < 1
+        log_probs = torch.log_softmax(outputs["policy_logits"], -1)
+        log_probs = log_probs.gather(-1, batch.action["action"][..., None])[..., 0]
+        valid = ~(batch.terminated | batch.truncated)[:-1]  # a transition out of an episode's last step is none
+        forced = batch.extras["teacher_forcing"][:-1] & valid
+        expected_ce = -log_probs[:-1][forced].mean()
+    assert 0 < forced.sum() < valid.sum()
+    with_ce, without = loss_of(batch, 2.0), loss_of(batch, 0.0)
+    assert with_ce.logs["loss/teacher_forcing"].item() == pytest.approx(expected_ce.item(), rel=1e-5)
+    assert with_ce.loss.item() - without.loss.item() == pytest.approx(2.0 * expected_ce.item(), rel=1e-4)
+    assert with_ce.logs["teacher_forcing/fraction"].item() == pytest.approx((forced.sum() / valid.sum()).item())
+
+    def with_rewards_changed(envs):
+        reward = batch.reward.clone()
+        reward[:, envs] += 5.0
+        return dataclasses.replace(batch, reward=reward)
+
+    forced_envs = batch.extras["teacher_forcing"][0]
+    assert loss_of(with_rewards_changed(forced_envs), 0.0).loss.item() == pytest.approx(without.loss.item())
+    assert loss_of(with_rewards_changed(~forced_envs), 0.0).loss.item() != pytest.approx(without.loss.item())
 
 
 def test_supervised_alone_trains_only_on_forced_steps():
