@@ -24,16 +24,37 @@ from torch.distributions import AffineTransform, Distribution, Normal, TanhTrans
 _EDGE = 1e-6
 
 
-class SquashedNormal(Distribution):
+class BoundedNormal(Distribution):
+    """An independent Normal per action dimension, mapped into [low, high] by a subclass's
+    `log_prob_per_dimension`, `sample` and `mode`; log-probs and entropy sum over dimensions."""
+
     arg_constraints: dict = {}
-    has_rsample = True
 
     def __init__(self, mean: torch.Tensor, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor):
         self.base = Normal(mean, std)
         self.low, self.high = low, high
+        super().__init__(mean.shape[:-1], mean.shape[-1:], validate_args=False)
+
+    def log_prob_per_dimension(self, value: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
+        return self.log_prob_per_dimension(value).sum(-1)
+
+    def entropy_per_dimension(self) -> torch.Tensor:
+        return self.base.entropy()
+
+    def entropy(self) -> torch.Tensor:
+        return self.entropy_per_dimension().sum(-1)
+
+
+class SquashedNormal(BoundedNormal):
+    has_rsample = True
+
+    def __init__(self, mean: torch.Tensor, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor):
+        super().__init__(mean, std, low, high)
         self._squashed = TransformedDistribution(
             self.base, [TanhTransform(cache_size=1), AffineTransform((high + low) / 2, (high - low) / 2)])
-        super().__init__(mean.shape[:-1], mean.shape[-1:], validate_args=False)
 
     def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
         return self._squashed.sample(sample_shape)
@@ -50,24 +71,8 @@ class SquashedNormal(Distribution):
         value = torch.maximum(torch.minimum(value, self.high - margin), self.low + margin)
         return self._squashed.log_prob(value)
 
-    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        return self.log_prob_per_dimension(value).sum(-1)
 
-    def entropy_per_dimension(self) -> torch.Tensor:
-        return self.base.entropy()
-
-    def entropy(self) -> torch.Tensor:
-        return self.entropy_per_dimension().sum(-1)
-
-
-class ClippedNormal(Distribution):
-    arg_constraints: dict = {}
-
-    def __init__(self, mean: torch.Tensor, std: torch.Tensor, low: torch.Tensor, high: torch.Tensor):
-        self.base = Normal(mean, std)
-        self.low, self.high = low, high
-        super().__init__(mean.shape[:-1], mean.shape[-1:], validate_args=False)
-
+class ClippedNormal(BoundedNormal):
     def sample(self, sample_shape=torch.Size()) -> torch.Tensor:
         with torch.no_grad():
             return torch.maximum(torch.minimum(self.base.sample(sample_shape), self.high), self.low)
@@ -84,26 +89,15 @@ class ClippedNormal(Distribution):
         above = torch.special.log_ndtr(-z_high)
         return torch.where(value <= self.low, below, torch.where(value >= self.high, above, inside))
 
-    def log_prob(self, value: torch.Tensor) -> torch.Tensor:
-        return self.log_prob_per_dimension(value).sum(-1)
 
-    def entropy_per_dimension(self) -> torch.Tensor:
-        return self.base.entropy()
-
-    def entropy(self) -> torch.Tensor:
-        return self.entropy_per_dimension().sum(-1)
+BOUNDED_NORMALS: dict[str, type[BoundedNormal]] = {"tanh": SquashedNormal, "clip": ClippedNormal}
+SQUASHES = tuple(BOUNDED_NORMALS)
 
 
-SQUASHES = ("tanh", "clip")
-
-
-def bounded_normal(kind: str, mean: torch.Tensor, log_std: torch.Tensor, low, high) -> Distribution:
-    """`kind` is "tanh" (SquashedNormal) or "clip" (ClippedNormal)."""
+def bounded_normal(kind: str, mean: torch.Tensor, log_std: torch.Tensor, low, high) -> BoundedNormal:
+    """`kind` names the squashing: "tanh" (SquashedNormal) or "clip" (ClippedNormal)."""
+    if kind not in BOUNDED_NORMALS:
+        raise ValueError(f"unknown action squashing {kind!r}; use {' or '.join(SQUASHES)}")
     low = torch.as_tensor(low, dtype=mean.dtype, device=mean.device)
     high = torch.as_tensor(high, dtype=mean.dtype, device=mean.device)
-    std = log_std.clamp(-20, 2).exp()
-    if kind == "tanh":
-        return SquashedNormal(mean, std, low, high)
-    if kind == "clip":
-        return ClippedNormal(mean, std, low, high)
-    raise ValueError(f"unknown action squashing {kind!r}; use tanh or clip")
+    return BOUNDED_NORMALS[kind](mean, log_std.clamp(-20, 2).exp(), low, high)

@@ -20,6 +20,7 @@ from typing import Any
 from absl import app, flags
 
 from fleetrl.common.settings import builtin_of, help_of
+from fleetrl.launch.configs import FleetConfig
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.problems.hparams import format_hparams, parse_hparams
 from fleetrl.problems.registry import UnknownProblemError, problem_class
@@ -157,3 +158,19 @@ def learner_config_from_flags(**overrides: Any) -> LearnerConfig:
     hparams; settings left unset take the Problem's choice as the config is built."""
     hparams = problem_hparams_from_flags(parse_hparams(flags.FLAGS.hparams))
     return from_flags(LearnerConfig, hparams=hparams, **overrides)
+
+
+def launcher_main(config_cls: type, bind: str, launch: Callable[[Any], int]) -> int:
+    """`main` of a launcher that runs a learner and a fleet (launch.local, launch.ray): its
+    config from the flags (the learner bound to `bind`, logging to runs/<problem>-<time>
+    unless --logdir says otherwise), then `launch` of it. A bad flag or hparam, a bad
+    resource request or an unknown Problem exits 2 with one line."""
+    try:
+        learner = learner_config_from_flags(bind=bind)
+        if flags.FLAGS["logdir"].using_default_value:
+            learner = dataclasses.replace(learner, logdir=timestamped_logdir(learner.problem))
+        config = from_flags(config_cls, learner=learner, fleet=from_flags(FleetConfig))
+    except ValueError as e:
+        print(f"fleetrl: {e}", file=sys.stderr)
+        return 2
+    return launch(config)

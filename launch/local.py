@@ -24,10 +24,8 @@ from fleetrl.common.files import atomic_write_json
 from fleetrl.launch.configs import FleetConfig, LocalConfig
 from fleetrl.launch.flags import (
     define_flags,
-    from_flags,
-    learner_config_from_flags,
+    launcher_main,
     run_main,
-    timestamped_logdir,
     to_argv,
 )
 from fleetrl.launch.processes import ChildProcesses
@@ -129,15 +127,7 @@ def _report(logdir: str, code: int, learner, tensorboard_port: int) -> int:
 
 def main(argv: list[str]) -> int:
     del argv
-    try:
-        learner = learner_config_from_flags(bind="127.0.0.1:0")
-        if FLAGS["logdir"].using_default_value:
-            learner = dataclasses.replace(learner, logdir=timestamped_logdir(learner.problem))
-        config = from_flags(LocalConfig, learner=learner, fleet=from_flags(FleetConfig))
-    except ValueError as e:  # a bad flag or hparam, or an unknown Problem
-        print(f"fleetrl: {e}", file=sys.stderr)
-        return 2
-    return launch(config)
+    return launcher_main(LocalConfig, "127.0.0.1:0", launch)
 
 
 def run() -> None:

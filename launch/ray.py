@@ -37,10 +37,8 @@ from fleetrl.common.extras import MissingExtra
 from fleetrl.launch.configs import FleetConfig, RayConfig
 from fleetrl.launch.flags import (
     define_flags,
-    from_flags,
-    learner_config_from_flags,
+    launcher_main,
     run_main,
-    timestamped_logdir,
 )
 from fleetrl.launch.progress import Progress, print_summary
 from fleetrl.launch.ray_hosts import FleetrlActor, FleetrlLearner
@@ -240,15 +238,7 @@ def _watch(actors: dict[str, Any], watch: _Watch, progress: Progress) -> None:
 
 def main(argv: list[str]) -> int:
     del argv
-    try:
-        learner = learner_config_from_flags(bind=f"0.0.0.0:{FLAGS.learner_port}")
-        if FLAGS["logdir"].using_default_value:
-            learner = dataclasses.replace(learner, logdir=timestamped_logdir(learner.problem))
-        config = from_flags(RayConfig, learner=learner, fleet=from_flags(FleetConfig))
-    except ValueError as e:  # a bad flag, resource request or hparam, or an unknown Problem
-        print(f"fleetrl: {e}", file=sys.stderr)
-        return 2
-    return launch(config)
+    return launcher_main(RayConfig, f"0.0.0.0:{FLAGS.learner_port}", launch)
 
 
 def run() -> None:
