@@ -21,8 +21,7 @@ from absl import app, flags
 
 from fleetrl.bench.vlm_generation import observations
 from fleetrl.envs.text_actions import decode_text, encode_text
-from fleetrl.learner.checkpoint import load_checkpoint, resolve_checkpoint
-from fleetrl.problems.registry import load_problem
+from fleetrl.learner.saved_policy import load_policy
 
 flags.DEFINE_multi_string("checkpoint", [], "A checkpoint file or a run's logdir (its best.pt, else its latest).")
 flags.DEFINE_integer("states", 300, "Resets to score (NumberLine has 30 distinct start states).")
@@ -52,13 +51,9 @@ def answer_log_probs(problem, agent, observation: dict[str, torch.Tensor]) -> to
 
 
 def p_right_by_state(path: str, states: int) -> dict[str, float]:
-    checkpoint = load_checkpoint(resolve_checkpoint(path))
     # The run's own config, with the oracle always on and always right.
-    hparams = {**checkpoint["hparams"], "teacher_forcing_fraction": "1", "solver_accuracy": "1"}
-    problem = load_problem(checkpoint["problem"], hparams)
-    agent = problem.make_agent()
-    agent.load_state_dict(checkpoint["model"])
-    agent.eval()
+    policy = load_policy(path, {"teacher_forcing_fraction": "1", "solver_accuracy": "1"})
+    problem, agent = policy.problem, policy.agent
     right = observations(problem, states)
     answers = [decode_text(text.numpy(), int(length))
                for text, length in zip(right["oracle_text"], right["oracle_text_length"])]

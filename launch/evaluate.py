@@ -26,12 +26,11 @@ from fleetrl.common.extras import MissingExtra
 from fleetrl.launch.configs import EvaluateConfig
 from fleetrl.launch.episode_recorder import EpisodeRecorder
 from fleetrl.launch.flags import define_flags, from_flags, run_main
-from fleetrl.learner.checkpoint import check_fits, load_checkpoint, resolve_checkpoint
 from fleetrl.learner.env_state_store import build_state_store
 from fleetrl.learner.eval_inference import EvalInference, EvalRequest
 from fleetrl.learner.inference import StepRequest
+from fleetrl.learner.saved_policy import load_policy
 from fleetrl.problems.hparams import parse_hparams
-from fleetrl.problems.registry import load_problem, problem_class
 from fleetrl.proto.run_ids import new_run_ids
 
 define_flags(EvaluateConfig)
@@ -67,18 +66,6 @@ def evaluate(problem, agent: torch.nn.Module, episodes: int, num_envs: int, devi
     return [results[e] for e in range(episodes)]
 
 
-def _compatible(name: str, checkpoint_problem: str, config: EvaluateConfig) -> bool:
-    """Whether a Problem other than the checkpoint's may play its weights: asked for
-    explicitly, either as a subclass of the checkpoint's (say, one that only renders) or
-    with --allow_other_problem (then only the weights' shapes must fit)."""
-    if not config.problem or name == checkpoint_problem:
-        return False
-    if config.allow_other_problem or issubclass(problem_class(name), problem_class(checkpoint_problem)):
-        logging.info("playing %s's weights with problem %s", checkpoint_problem, name)
-        return True
-    return False
-
-
 def _check_recordable(problem) -> None:
     """Fails now, not after the first episode, when --record has nothing to draw."""
     env = problem.make_actor_env()
@@ -100,23 +87,18 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     try:
         config = from_flags(EvaluateConfig)
-        path = resolve_checkpoint(config.checkpoint)
-        checkpoint = load_checkpoint(path, config.device)
+        policy = load_policy(config.checkpoint, parse_hparams(config.hparams or ""), config.problem, config.device,
+                             any_problem=config.allow_other_problem)
+        path, checkpoint, problem, agent = policy.path, policy.checkpoint, policy.problem, policy.agent
         name = config.problem or checkpoint["problem"]
-        # The run's own config, with --hparams over it; another Problem's config does not apply.
-        own = name == checkpoint["problem"] or issubclass(problem_class(name), problem_class(checkpoint["problem"]))
-        hparams = {**(checkpoint["hparams"] if own else {}), **parse_hparams(config.hparams or "")}
-        problem = load_problem(name, hparams)
-        agent = problem.make_agent().to(config.device)
-        check_fits(checkpoint, name, agent, path, other_problem=_compatible(name, checkpoint["problem"], config))
+        if name != checkpoint["problem"]:
+            logging.info("playing %s's weights with problem %s", checkpoint["problem"], name)
         if config.record:
             _check_recordable(problem)
     except (ValueError, MissingExtra) as e:  # a bad flag, an unknown Problem, a checkpoint that does not fit
         logging.error("%s", e)
         return 2
     print(f"evaluating {path}")
-    agent.load_state_dict(checkpoint["model"])
-    agent.eval()
     episodes = config.episodes or problem.num_eval_episodes()
     output = config.output or os.path.splitext(path)[0] + "-eval"
     recorder = (EpisodeRecorder(problem, output, config.record_episodes, config.record_fps, config.record_format)
@@ -134,7 +116,7 @@ def main(argv: list[str]) -> int:
         stats = (np.mean(values), np.std(values), np.min(values), np.max(values))
         print(f"{n:<16} " + " ".join(f"{v:>10.3f}" for v in stats))
     os.makedirs(output, exist_ok=True)
-    report = {"problem": name, "hparams": hparams, "checkpoint": os.path.abspath(path),
+    report = {"problem": name, "hparams": policy.hparams, "checkpoint": os.path.abspath(path),
               "policy_version": checkpoint["policy_version"], "episodes": episodes,
               "metrics": {n: float(np.mean(v)) for n, v in table.items()}, "per_episode": per_episode}
     with open(os.path.join(output, "metrics.json"), "w") as f:

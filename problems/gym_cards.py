@@ -10,7 +10,7 @@ counts it), with the return and length that every Problem reports. With
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar
 
 import gymnasium as gym
@@ -93,14 +93,9 @@ class GymCardsProblem(Problem):
     learner_defaults = LearnerDefaults(block_inference_on_training=True, batch_size=32, unroll_length=10)
 
     def make_env(self) -> gym.Env:
-        cls = ENVS[self.TASK]
-        kwargs: dict[str, Any] = {"image_size": self.config.image_size}
-        if self.TASK == "Points24":
-            kwargs["solvable_only"] = self.config.solvable_only
-        env: gym.Env = EpisodeSuccess(gym.wrappers.TimeLimit(cls(**kwargs), self.config.max_episode_steps))
-        if self.config.teacher_forcing_fraction > 0:  # the solver as the teacher
-            env = SolverOracle(env, self.config.solver_accuracy)
-        return env
+        c = self.config
+        return card_env(self.TASK, c.image_size, c.solvable_only, c.max_episode_steps,
+                        oracle_accuracy=c.solver_accuracy if c.teacher_forcing_fraction > 0 else None)
 
     def make_agent(self) -> Agent:
         return ConvLSTMAgent(self.config.image_size, self.policy_logits_size(), tuple(self.config.conv_channels),
@@ -111,6 +106,23 @@ class GymCardsProblem(Problem):
 
     def render_frame(self, observation: Mapping[str, np.ndarray], env: gym.Env | None = None) -> np.ndarray:
         return observation["image"]
+
+
+def card_env(task: str, image_size: int, solvable_only: bool, max_episode_steps: int,
+             wrap: Callable[[gym.Env], gym.Env] | None = None, oracle_accuracy: float | None = None,
+             oracle_text_bytes: int = 256) -> gym.Env:
+    """A gym_cards task as its Problems play it: episodes capped at `max_episode_steps` and
+    reporting success, then `wrap` (a text description of the state, say), then, with an
+    `oracle_accuracy`, the task's solver as the teacher-forcing oracle."""
+    kwargs: dict[str, Any] = {"image_size": image_size}
+    if task == "Points24":
+        kwargs["solvable_only"] = solvable_only
+    env: gym.Env = EpisodeSuccess(gym.wrappers.TimeLimit(ENVS[task](**kwargs), max_episode_steps))
+    if wrap is not None:
+        env = wrap(env)
+    if oracle_accuracy is not None:
+        env = SolverOracle(env, oracle_accuracy, oracle_text_bytes)
+    return env
 
 
 class EpisodeSuccess(gym.Wrapper):

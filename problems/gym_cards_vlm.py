@@ -24,10 +24,9 @@ import numpy as np
 
 from fleetrl.common.settings import check_range, setting
 from fleetrl.envs.gym_cards import ENVS
-from fleetrl.envs.gym_cards.oracle import SolverOracle
 from fleetrl.envs.gym_cards.solvers import solve
 from fleetrl.envs.observation_text import ObservationText
-from fleetrl.problems.gym_cards import EpisodeSuccess
+from fleetrl.problems.gym_cards import card_env
 from fleetrl.problems.vlm import VLMConfig, VLMProblem, sample_answers
 
 FORMAT = ('Answer with a JSON object {"thoughts": "...", "action": "..."}: first your reasoning, '
@@ -71,15 +70,10 @@ class GymCardsVLMProblem(VLMProblem):
 
     def make_text_env(self) -> gym.Env:
         c = self.config
-        kwargs: dict[str, Any] = {"image_size": c.image_size}
-        if self.TASK == "Points24":
-            kwargs["solvable_only"] = c.solvable_only
-        env: gym.Env = EpisodeSuccess(gym.wrappers.TimeLimit(ENVS[self.TASK](**kwargs), c.max_episode_steps))
-        if c.observation_text:
-            env = ObservationText(env)
-        if c.teacher_forcing_fraction > 0:
-            env = SolverOracle(env, c.solver_accuracy, c.max_text_bytes)
-        return env
+        return card_env(self.TASK, c.image_size, c.solvable_only, c.max_episode_steps,
+                        wrap=ObservationText if c.observation_text else None,
+                        oracle_accuracy=c.solver_accuracy if c.teacher_forcing_fraction > 0 else None,
+                        oracle_text_bytes=c.max_text_bytes)
 
     def corpus(self) -> list[str]:
         task = ENVS[self.TASK]
