@@ -48,6 +48,7 @@ import torch
 from torch import nn
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
+from fleetrl.agents.token_offsets import token_byte_lengths, tokens_through
 from fleetrl.common.extras import MissingExtra
 
 MARKER = '"action":'
@@ -108,6 +109,7 @@ class VLMAgent(Agent):
         self.image_key, self.text_key, self.oracle_key = image_key, text_key, oracle_key
         model, self.processor = load_vlm(model_path, getattr(torch, dtype))
         self.tokenizer = self.processor.tokenizer
+        self._token_bytes = token_byte_lengths(self.tokenizer)  # None: not byte-level BPE
         # Special tokens other than EOS are never generated: an answer holding an image
         # placeholder, say, would break the forward pass that scores it again.
         self.suppressed_tokens = self._special_tokens()
@@ -247,8 +249,30 @@ class VLMAgent(Agent):
         scaled[..., self.suppressed_tokens] = torch.finfo(scaled.dtype).min  # not -inf: 0 * log 0 stays 0
         return torch.log_softmax(scaled, -1)
 
-    def step(self, observation: Observation, first: torch.Tensor, state: State) -> tuple[AgentOutput, State]:
+    def step(self, observation: Observation, first: torch.Tensor, state: State,
+             answered: torch.Tensor | None = None) -> tuple[AgentOutput, State]:
+        """Generates an answer for each env. `answered` ([B] bool) marks envs whose answer
+        comes from elsewhere (the oracle's, in teacher-forced episodes): they get only the
+        prompt's value, and an empty answer of log-prob 0."""
         started = time.perf_counter()
+        batch = first.shape[0]
+        skip = answered.to(torch.bool).cpu() if answered is not None else torch.zeros(batch, dtype=torch.bool)
+        generate, prefill = (~skip).nonzero()[:, 0], skip.nonzero()[:, 0]
+        parts = []
+        if len(generate):
+            parts.append((generate, self._generate(_rows(observation, generate))))
+        if len(prefill):
+            parts.append((prefill, self._prefill(_rows(observation, prefill))))
+        out = parts[0][1] if len(parts) == 1 else _merge(parts, batch)
+        if self.oracle_key in observation:
+            oracle = self._encode_answers(observation[self.oracle_key], observation[f"{self.oracle_key}_length"])
+            out.update({f"oracle_{k}": v for k, v in oracle.items()})
+        if len(generate):
+            self._count({k: out[k][generate.to(out[k].device)] for k in ("num_tokens", "thought_tokens")},
+                        time.perf_counter() - started)
+        return out, state
+
+    def _generate(self, observation: Observation) -> AgentOutput:
         inputs = self._inputs(observation)
         sample = self.training or not self.greedy_eval
         sampling = dict(do_sample=True, temperature=self.temperature, top_p=self.top_p) if sample \
@@ -262,14 +286,22 @@ class VLMAgent(Agent):
         tokens = generated.sequences[:, prompt_length:]
         logprobs = self._log_probs(torch.stack(generated.logits, dim=1))  # [B, n, V]
         token_logprobs = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        prompt_hidden = generated.hidden_states[0][-1][:, -1]
         out = self._answer(tokens, token_logprobs)
-        out["baseline"] = self.value_head(prompt_hidden.to(self.value_head[0].weight.dtype)).squeeze(-1).float()
-        if self.oracle_key in observation:
-            oracle = self._encode_answers(observation[self.oracle_key], observation[f"{self.oracle_key}_length"])
-            out.update({f"oracle_{k}": v for k, v in oracle.items()})
-        self._count(out, time.perf_counter() - started)
-        return out, state
+        out["baseline"] = self._value(generated.hidden_states[0][-1][:, -1])
+        return out
+
+    def _prefill(self, observation: Observation) -> AgentOutput:
+        """The prompt's value in one forward pass, and an empty answer."""
+        hidden = self.model(**self._inputs(observation), output_hidden_states=True).hidden_states[-1][:, -1]
+        batch, device = hidden.shape[0], hidden.device
+        empty = torch.full((batch, self.max_new_tokens), self.tokenizer.pad_token_id, dtype=torch.long, device=device)
+        out = self._describe(empty, torch.zeros(batch, dtype=torch.long, device=device))
+        out.update(token_logprobs=torch.zeros(empty.shape, device=device),
+                   token_mask=torch.zeros(empty.shape, device=device), baseline=self._value(hidden))
+        return out
+
+    def _value(self, prompt_hidden: torch.Tensor) -> torch.Tensor:
+        return self.value_head(prompt_hidden.to(self.value_head[0].weight.dtype)).squeeze(-1).float()
 
     def _answer(self, tokens: torch.Tensor, token_logprobs: torch.Tensor) -> AgentOutput:
         """The generated answers padded to max_new_tokens, cut after EOS, with their text."""
@@ -304,17 +336,27 @@ class VLMAgent(Agent):
 
     def _thought_tokens(self, answer: list[int], text: str) -> int:
         """How many of the answer's tokens it takes to finish the `"action":` marker (all of
-        them when there is none): the smallest k whose decoded prefix holds the marker."""
-        if MARKER not in text.lower():
+        them when there is none): the smallest k whose decoded prefix holds the marker. The
+        byte offsets (`token_offsets`) name k at once; two decodes check it, and a tokenizer
+        without them, or a text they do not match, is searched by halves."""
+        at = text.lower().find(MARKER)
+        if at < 0:
             return len(answer)
+        if self._token_bytes is not None:
+            k = tokens_through(self._token_bytes, answer, len(text[:at + len(MARKER)].encode("utf-8")))
+            if k <= len(answer) and self._holds_marker(answer[:k]) and not self._holds_marker(answer[:k - 1]):
+                return k
         low, high = 0, len(answer)
         while low < high:
             middle = (low + high) // 2
-            if MARKER in self.tokenizer.decode(answer[:middle], skip_special_tokens=True).lower():
+            if self._holds_marker(answer[:middle]):
                 high = middle
             else:
                 low = middle + 1
         return low
+
+    def _holds_marker(self, tokens: list[int]) -> bool:
+        return MARKER in self.tokenizer.decode(tokens, skip_special_tokens=True).lower()
 
     def _encode_answers(self, data: torch.Tensor, lengths: torch.Tensor) -> AgentOutput:
         """Answers given as zero-padded UTF-8 bytes (the oracle's), tokenized as the model
@@ -376,3 +418,17 @@ class VLMAgent(Agent):
         out = {"token_logprobs": token_logprobs, "token_entropy": entropy, "token_mask": mask.float(),
                "baseline": value}
         return {k: v.reshape(steps, batch, *v.shape[1:]) for k, v in out.items()}, state
+
+
+def _rows(observation: Observation, index: torch.Tensor) -> Observation:
+    return {k: v[index.to(v.device)] for k, v in observation.items()}
+
+
+def _merge(parts: list[tuple[torch.Tensor, AgentOutput]], batch: int) -> AgentOutput:
+    """The outputs of disjoint row sets, back in row order."""
+    merged = {}
+    for key, first in parts[0][1].items():
+        merged[key] = torch.zeros((batch, *first.shape[1:]), dtype=first.dtype, device=first.device)
+        for index, out in parts:
+            merged[key][index.to(first.device)] = out[key]
+    return merged

@@ -97,7 +97,7 @@ class InferenceStep:
             version = self.policy.version
             device_obs, device_first, device_state, device_extras = self.transfer.to_device(
                 (obs, first, state, extras))
-            out, new_state = self.agent.step(device_obs, device_first, device_state)
+            out, new_state = self.problem.agent_step(self.agent, device_obs, device_first, device_state, device_extras)
             actions = self.problem.select_actor_action(out, device_obs, device_extras)
             log_prob = self.problem.action_log_prob(out, actions)
             value = out["baseline"] if "baseline" in out else torch.zeros(len(step), device=log_prob.device)

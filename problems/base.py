@@ -22,7 +22,7 @@ import gymnasium as gym
 import numpy as np
 import torch
 
-from fleetrl.agents.base import Agent, AgentOutput, Observation
+from fleetrl.agents.base import Agent, AgentOutput, Observation, State
 from fleetrl.common.settings import check_choice, check_range, setting
 from fleetrl.envs.action_chunks import ACTION_REWARDS, ACTIONS_EXECUTED, ActionChunks
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING, TeacherForcingDraws
@@ -243,6 +243,13 @@ class Problem:
             logits = logits.unflatten(-1, (self.config.chunk_size, -1))
         # The logits come from the agent, not from users: checking their support each call costs more than the op.
         return torch.distributions.Categorical(logits=logits, validate_args=False)
+
+    def agent_step(self, agent: Agent, observation: Observation, first: torch.Tensor, state: State,
+                   extras: Mapping[str, torch.Tensor]) -> tuple[AgentOutput, State]:
+        """The learner's inference step on B envs: `agent.step`. A Problem whose actions are
+        expensive to draw can use the step's extras to skip the rows that do not need them
+        (the VLM Problems skip generation in teacher-forced episodes, which play the oracle)."""
+        return agent.step(observation, first, state)
 
     def select_actor_action(self, agent_output: AgentOutput, observation: Observation,
                             extras: Mapping[str, torch.Tensor], deterministic: bool = False) -> dict[str, torch.Tensor]:

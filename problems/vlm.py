@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 import gymnasium as gym
 import torch
 
-from fleetrl.agents.base import AgentOutput, Observation
+from fleetrl.agents.base import AgentOutput, Observation, State
 from fleetrl.agents.tiny_vlm import build_tiny_vlm
 from fleetrl.agents.vlm import VLMAgent
 from fleetrl.common.settings import check_choice, check_range, setting
@@ -137,6 +137,12 @@ class VLMProblem(Problem):
                                 betas=self.config.adam_betas(), foreach=True)
 
     # ----- the policy over answers -----
+
+    def agent_step(self, agent: VLMAgent, observation: Observation, first: torch.Tensor, state: State,
+                   extras: Mapping[str, torch.Tensor]) -> tuple[AgentOutput, State]:
+        """Teacher-forced episodes play the oracle's answer: nothing is generated for them
+        (their rows get the prompt's value and an empty answer; the RL loss masks them)."""
+        return agent.step(observation, first, state, answered=extras.get(TEACHER_FORCING))
 
     def select_actor_action(self, agent_output: AgentOutput, observation: Observation,
                             extras: Mapping[str, torch.Tensor], deterministic: bool = False) -> dict[str, torch.Tensor]:

@@ -153,6 +153,24 @@ def test_thought_tokens_end_with_the_action_marker():
     assert decode_text(encoded["text"][0].numpy(), int(encoded["text_length"][0])) == answer
 
 
+def test_the_byte_offsets_find_the_same_thought_tokens_as_decoding_every_prefix():
+    """The tiny VLM's byte-level tokenizer has its per-token byte table; over answers with
+    multi-byte characters, added tokens and the marker anywhere, its count is the smallest
+    prefix that decodes to hold the marker."""
+    agent = numberline().make_agent()
+    assert agent._token_bytes is not None
+    answers = ['{"thoughts": "the target is 3, so I add one", "action": "+"}', '"action": "-"',
+               '{"thoughts": "é ü — 3→4 ✓", "action": "+"}', 'no marker at all', '"ACTION":"+"',
+               '{"thoughts": "<image> first", "action": "-"}', 'x' * 40 + '"action":']
+    for answer in answers:
+        tokens = agent.tokenizer(answer, add_special_tokens=False)["input_ids"] + [agent.tokenizer.eos_token_id]
+        text = agent.tokenizer.decode(tokens, skip_special_tokens=True)
+        assert int(agent._token_bytes[tokens].sum()) == len(text.encode("utf-8")), answer
+        prefixes = [k for k in range(len(tokens) + 1)
+                    if '"action":' in agent.tokenizer.decode(tokens[:k], skip_special_tokens=True).lower()]
+        assert agent._thought_tokens(tokens, text) == (prefixes[0] if prefixes else len(tokens)), answer
+
+
 def test_the_observation_text_fills_the_prompt():
     problem = numberline(observation_text="true")
     agent = problem.make_agent()
@@ -301,3 +319,28 @@ def test_teacher_forced_episodes_play_the_solvers_answer_and_train_on_it():
     log_prob = problem.teacher_forcing_log_prob(scored, steps)[0]
     (-log_prob[forced].sum()).backward()
     assert all(p.grad is not None for n, p in agent.named_parameters() if "lora_B" in n)
+
+
+def test_teacher_forced_envs_are_not_generated_for_and_play_the_oracle(monkeypatch):
+    """Through the learner's inference step: the forced envs' answers are the oracle's, the
+    model generates only for the others, and every env's value is its prompt's."""
+    problem = numberline(teacher_forcing_fraction=0.5)
+    agent = problem.make_agent()
+    agent.eval()  # greedy, so that generating for the others does not depend on who joins them
+    envs, obs = observations(problem, 4)
+    batch = stack(obs)
+    forced = torch.tensor([True, False, True, False])
+    generated_rows = []
+    generate = agent.model.generate
+    monkeypatch.setattr(agent.model, "generate",
+                        lambda **kw: generated_rows.append(kw["input_ids"].shape[0]) or generate(**kw))
+    with torch.inference_mode():
+        out, _ = problem.agent_step(agent, batch, torch.ones(4, dtype=torch.bool), (), {"teacher_forcing": forced})
+        actions = problem.select_actor_action(out, batch, {"teacher_forcing": forced})
+        alone, _ = agent.step(batch, torch.ones(4, dtype=torch.bool), ())
+    assert generated_rows == [2, 4]  # the two that play their own answer, then all four without the mask
+    assert out["num_tokens"][forced].tolist() == [0, 0] and out["token_mask"][forced].sum() == 0
+    for key in ("tokens", "num_tokens", "text", "text_length"):
+        torch.testing.assert_close(actions[key][forced], out[f"oracle_{key}"][forced])
+        torch.testing.assert_close(actions[key][~forced], alone[key][~forced])
+    torch.testing.assert_close(out["baseline"], alone["baseline"], atol=1e-4, rtol=1e-4)
