@@ -165,8 +165,11 @@ def _means(episodes) -> dict[str, float]:
 
 
 def frozen_copy(agent: Agent) -> Agent:
-    """A copy of `agent` for evaluation: its own weights, no gradients."""
-    snapshot = copy.deepcopy(agent)
+    """A copy of `agent` for evaluation: its own copy of every weight that trains, and of the
+    buffers (input statistics move with training); the frozen ones (a pretrained base under
+    LoRA adapters, say) are shared, since no update changes them. No gradients."""
+    shared = {id(p): p for p in agent.parameters() if not p.requires_grad}
+    snapshot = copy.deepcopy(agent, memo=shared)
     snapshot.eval()
     for parameter in snapshot.parameters():
         parameter.requires_grad_(False)

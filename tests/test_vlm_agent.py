@@ -344,3 +344,28 @@ def test_teacher_forced_envs_are_not_generated_for_and_play_the_oracle(monkeypat
         torch.testing.assert_close(actions[key][forced], out[f"oracle_{key}"][forced])
         torch.testing.assert_close(actions[key][~forced], alone[key][~forced])
     torch.testing.assert_close(out["baseline"], alone["baseline"], atol=1e-4, rtol=1e-4)
+
+
+def test_an_eval_snapshot_shares_the_frozen_base_and_copies_what_trains():
+    from fleetrl.learner.eval_rounds import frozen_copy
+
+    problem = numberline()
+    agent = problem.make_agent()
+    snapshot = frozen_copy(agent)
+    pairs = list(zip(agent.parameters(), snapshot.parameters()))
+    frozen = [(a, s) for a, s in pairs if not a.requires_grad]
+    trained = [(a, s) for a, s in pairs if a.requires_grad]
+    assert frozen and trained
+    assert all(a is s for a, s in frozen)
+    assert all(a.data_ptr() != s.data_ptr() and not s.requires_grad for a, s in trained)
+    copied = sum(s.numel() * s.element_size() for _, s in trained)
+    whole = sum(a.numel() * a.element_size() for a, _ in pairs)
+    assert copied < 0.5 * whole  # LoRA rank 8 and the value head against the whole tiny model
+    _, obs = observations(problem, 2)
+    snapshot.eval()
+    before = snapshot.step(stack(obs), torch.ones(2, dtype=torch.bool), ())[0]["baseline"]
+    with torch.no_grad():
+        for a, _ in trained:
+            a.add_(1.0)  # training moves the agent; the snapshot stays at its version
+    after = snapshot.step(stack(obs), torch.ones(2, dtype=torch.bool), ())[0]["baseline"]
+    torch.testing.assert_close(before, after)
