@@ -48,7 +48,7 @@ class ConvLSTMAgent(Agent):
         # The LSTM reads layer-normalized features. A ReLU torso can scale its output up freely,
         # and a near-deterministic policy's gradient keeps asking for sharper features; without
         # the norm that growth drove every LSTM gate into saturation (NumberLine's collapse to
-        # one action, docs/numberline_dips.md), where no gradient gets through to undo it.
+        # one action, docs/notes/numberline_dips.md), where no gradient gets through to undo it.
         self.project = nn.Sequential(nn.Linear(width, hidden_size), nn.ReLU(), nn.LayerNorm(hidden_size))
         self.core = nn.LSTMCell(hidden_size, lstm_size)
         self.policy = nn.Linear(lstm_size, num_actions)

@@ -5,7 +5,7 @@ seen so far (as Sample Factory's and Stable Baselines' observation normalizers d
 the images of a task are nearly the same in every state (NumberLine's differ only in two
 digits), this leaves the agent only the pixels that vary. Per-image standardization leaves
 the shared background and text in, and there a converged policy's features kept collapsing
-(docs/numberline_dips.md).
+(docs/notes/numberline_dips.md).
 
 The statistics are buffers: they travel with checkpoints and eval copies. Only
 `update` changes them, and the trainer calls it once per batch under the policy lock

@@ -4,7 +4,7 @@ batch further than a KL bound from the policy that started the batch's updates.
 PPO's clip and `target_kl` look at the sampled actions, averaged over the batch. A state
 that appears a few times in a batch can flip its greedy action while both stay quiet: one
 rare action's large gradient, through features it shares with that state, moved NumberLine's
-first step at (5, 4) from p(right) 0.99 to 0.01 in one step (docs/numberline_dips.md). TRPO's
+first step at (5, 4) from p(right) 0.99 to 0.01 in one step (docs/notes/numberline_dips.md). TRPO's
 bound is on the maximum KL over states (Schulman et al. 2015, section 4; TRPO itself then
 uses the mean). This enforces the maximum over the batch's states, after the fact and
 cheaply: after each step the whole batch is re-evaluated without gradients, and a step that

@@ -66,7 +66,7 @@ class NumberLineConfig(GymCardsConfig):
     by advantage normalization and carried on by Adam's momentum, could flip another state's
     greedy action through the features they share. So NumberLine trains on raw advantages,
     starts each batch's momentum from zero, and bounds every state's KL per batch
-    (docs/numberline_dips.md)."""
+    (docs/notes/numberline_dips.md)."""
 
     observation_norm: str = "running"
     target_kl: float | None = 0.02

@@ -156,7 +156,7 @@ def test_the_vla_agent_reads_the_language_through_the_frozen_sentence_encoder():
 def test_the_conv_lstm_agents_gates_do_not_saturate_when_its_torso_scales_up():
     """A ReLU torso's output can grow without bound. In NumberLine and Points24 runs it grew
     40-fold, every LSTM gate saturated, and the hidden state, so the policy, became the same
-    for every image: no gradient could undo it (docs/numberline_dips.md). The LSTM reads
+    for every image: no gradient could undo it (docs/notes/numberline_dips.md). The LSTM reads
     layer-normalized features, so the torso's scale does not reach the gates."""
     from fleetrl.envs.gym_cards.numberline import NumberLineEnv
 

@@ -31,8 +31,7 @@ def examples(repo_root) -> list[tuple[str, str]]:
 
 
 # The Problem a page's examples mean when they do not name one.
-PAGE_PROBLEMS = {"r2r.md": "r2r", "libero.md": "libero", "gym_cards.md": "gym_cards/numberline",
-                 "numberline_dips.md": "gym_cards/numberline"}
+PAGE_PROBLEMS = {"r2r.md": "r2r", "libero.md": "libero", "gym_cards.md": "gym_cards/numberline"}
 
 
 def test_every_documented_hparams_example_applies_to_its_problem(repo_root):
@@ -97,3 +96,17 @@ def test_the_readmes_own_problem_learns_with_the_defaults(repo_root, tmp_path, l
     summary = local_run.train_to_target(tmp_path / "run", *shlex.split(command), "--total_env_steps=400000",
                                         pythonpath=tmp_path, cwd=tmp_path)
     assert summary["mean_episode_return"] >= -120  # random play: -500
+
+
+def test_every_relative_link_in_the_docs_reaches_a_file(repo_root):
+    pages = [repo_root / "README.md", repo_root / "BUILD.md", *sorted((repo_root / "docs").rglob("*.md"))]
+    checked, broken = 0, []
+    for page in pages:
+        for target in re.findall(r"\]\(([^)\s#]+)(?:#[^)]*)?\)", page.read_text()):
+            if "://" in target:
+                continue
+            checked += 1
+            if not (page.parent / target).exists():
+                broken.append(f"{page.relative_to(repo_root)} -> {target}")
+    assert not broken, broken
+    assert checked >= 20
