@@ -72,6 +72,9 @@ class LearnerConfig:
     best_metric: str | None = problem_setting("return", "Eval episode metric whose best round's weights go to "
                                                         "checkpoints/best.pt.")
     best_mode: str | None = problem_setting("max", "max or min: which way best_metric is better.")
+    target_eval_metric: float | None = setting(None, "Stop once an eval round's best_metric reaches this (at or "
+                                                     "above it with best_mode max, at or below with min), its "
+                                                     "weights written to checkpoints/best.pt.")
     init_checkpoint: str = setting("", "Warm start: load only the weights of this checkpoint (a file, or a run's "
                                                    "logdir: its best.pt, else its latest) into a new run.")
 

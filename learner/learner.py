@@ -96,7 +96,6 @@ class Learner:
         self.batcher = InferenceBatcher(self.inference, len, config.inference_batch_size,
                                         config.inference_timeout_ms / 1000, self.store.num_allocated,
                                         functools.partial(self.actors.stepping, pb.TRAIN))
-        self.stop_conditions = StopConditions(config, self.episodes, self.inference)
 
         # Evaluation: eval actors play rounds with frozen snapshots, through their own batcher.
         self.eval_store = build_state_store(self.problem, self.agent, 0, self.device, record=False)
@@ -113,6 +112,7 @@ class Learner:
         self.eval_results = EvalResults(config.logdir, config.best_metric, self.run_state,
                                         self.problem.write_eval_records if takes_records else None)
         self.resumed_from = self.run_state.resume_or_warm_start()
+        self.stop_conditions = StopConditions(config, self.episodes, self.inference, self.run_state)
 
         self.service = LearnerService(ServedRun(
             problem=config.problem, hparams=dict(config.hparams),
@@ -233,11 +233,10 @@ class Learner:
         )
 
     def summary(self) -> RunSummary:
-        target = self.config.target_mean_return
         return RunSummary(
             reason=self._reason, env_steps=self.inference.env_steps, episodes=self.episodes.total,
             mean_episode_return=self.episodes.mean("return"), return_window=self.config.return_window,
             trainer_steps=self.policy.version,
             wall_s=time.monotonic() - self._started,
-            target_reached=None if target is None else self._reason.startswith("target reached"),
+            target_reached=self._reason.startswith("target reached") if self.stop_conditions.has_target else None,
         )

@@ -84,8 +84,10 @@ def test_a_gaussian_policy_learns_pendulum(tmp_path, local_run):
      "--unroll_length=32", "--target_mean_return=-700"),
 ], ids=["cartpole", "pendulum"])
 def test_ppo_learns_with_action_chunks(tmp_path, flags, local_run):
+    # CartPole's run needed 67k-159k env steps to reach its target in eight runs, alone or beside busy
+    # processes: the actors' interleaving makes each run its own. The budget is 2.5x the most seen.
     local_run.train_to_target(tmp_path, *flags, "--seed=1", "--envs_per_actor=16", "--batch_size=32",
-                    "--block_inference_on_training", "--total_env_steps=200000")
+                              "--block_inference_on_training", "--total_env_steps=400000")
 
 
 @pytest.mark.slow

@@ -50,9 +50,10 @@ def test_r2r_learns_to_follow_instructions_in_unseen_houses(tmp_path, monkeypatc
 
     monkeypatch.chdir(tmp_path)  # where data/r2r_synthetic gets generated
 
+    # The run stops at the first eval round of SR 0.25 on the unseen houses, or at 200k env steps.
     process, tag = local_run.start(tmp_path / "run", "--problem=r2r", "--seed=0", "--total_env_steps=200000",
-                               "--num_eval_actors=1", "--eval_envs_per_actor=16", "--eval_interval_s=20",
-                               cwd=tmp_path)
+                                   "--num_eval_actors=1", "--eval_envs_per_actor=16", "--eval_interval_s=20",
+                                   "--best_metric=val_unseen/SR", "--target_eval_metric=0.25", cwd=tmp_path)
     code, output = local_run.finish(process, tag)
     assert code == 0, output
     rounds = [json.loads(line) for line in (tmp_path / "run" / "eval.jsonl").read_text().splitlines()]
