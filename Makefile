@@ -60,9 +60,11 @@ test-fast: lint libero
 	$(PY) -m pytest -q -m "not slow" -n 2
 
 # The whole suite, as CI runs it. The LIBERO tests run the real simulator, so the test
-# environment has it.
+# environment has it. The tests not marked slow run on two workers, as in test-fast; the slow
+# ones (learning runs and many-process tests, each using both cores) run one at a time.
 test: lint libero
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -m "not slow" -n 2
+	$(PY) -m pytest -q -m slow
 
 proto: install
 	$(PY) -m fleetrl.proto.codegen

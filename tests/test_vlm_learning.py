@@ -31,7 +31,7 @@ def trace(scalars: dict[str, list[float]], *tags: str, points: int = 12) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # two runs of about 2 and 5 minutes here; CI's cores are slower on some days
+@pytest.mark.timeout(1200)  # two runs of about 2 and 4 minutes here; CI's cores are slower on some days
 def test_ppo_from_a_noisy_solver_warm_start_raises_the_success_rate(tmp_path, local_run, monkeypatch):
     monkeypatch.setenv("FLEETRL_CACHE", str(tmp_path / "models"))
     warm, rl = tmp_path / "warm", tmp_path / "rl"
@@ -54,7 +54,7 @@ def test_ppo_from_a_noisy_solver_warm_start_raises_the_success_rate(tmp_path, lo
     process, tag = local_run.start(rl, *COMMON, f"--init_checkpoint={warm}", "--num_eval_actors=1",
                                    "--greedy_eval=false", "--eval_interval_s=45", "--learning_rate=3e-4",
                                    "--learning_rate_warmup_updates=20", "--epochs=2", "--discount=0",
-                                   "--parse_failure_reward=-1", "--total_env_steps=6000")
+                                   "--parse_failure_reward=-1", "--total_env_steps=4000")
     code, output = local_run.finish(process, tag)
     assert code == 0, output
     rounds = eval_rounds(rl)
