@@ -14,10 +14,14 @@ import sys
 import textwrap
 import time
 
+import grpc
 import imageio.v3 as iio
 import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from fleetrl.proto import learner_pb2 as pb
+from fleetrl.proto import learner_pb2_grpc as pb_grpc
 
 
 @pytest.mark.slow
@@ -271,7 +275,15 @@ def test_ctrl_c_stops_everything_cleanly(tmp_path, local_run):
     deadline = time.monotonic() + 120
     while not (tmp_path / "learner_address").exists() and time.monotonic() < deadline:
         time.sleep(0.2)
-    time.sleep(3)  # let the actors connect and train a little
+    # Until both actors are connected and the learner has served steps (on a loaded machine
+    # that takes longer than any fixed wait).
+    with grpc.insecure_channel((tmp_path / "learner_address").read_text().strip()) as channel:
+        stub = pb_grpc.LearnerStub(channel)
+        while time.monotonic() < deadline:
+            status = stub.GetStatus(pb.StatusRequest(), wait_for_ready=True, timeout=10)
+            if status.connected_actors == 2 and status.env_steps > 0:
+                break
+            time.sleep(0.2)
     process.send_signal(signal.SIGINT)
     code, output = local_run.finish(process, tag, timeout=120)
     assert code == 0, output
