@@ -64,7 +64,7 @@ test-fast: lint libero
 # ones (learning runs and many-process tests, each using both cores) run one at a time.
 test: lint libero
 	$(PY) -m pytest -q -m "not slow" -n 2
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow --durations=20
 
 proto: install
 	$(PY) -m fleetrl.proto.codegen
