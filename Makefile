@@ -60,11 +60,12 @@ test-fast: lint libero
 	$(PY) -m pytest -q -m "not slow" -n 2
 
 # The whole suite, as CI runs it. The LIBERO tests run the real simulator, so the test
-# environment has it. The tests not marked slow run on two workers, as in test-fast; the slow
-# ones (learning runs and many-process tests, each using both cores) run one at a time.
+# environment has it. The fast tests and the slow ones marked beside_others (the wheel, Ray,
+# the LIBERO env: mostly waiting or on one core) run on two workers, each xdist_group on one;
+# the other slow ones (learning runs, each using both cores) run one at a time.
 test: lint libero
-	$(PY) -m pytest -q -m "not slow" -n 2
-	$(PY) -m pytest -q -m slow --durations=20
+	$(PY) -m pytest -q -m "not slow or beside_others" -n 2 --dist loadgroup --durations=10
+	$(PY) -m pytest -q -m "slow and not beside_others" --durations=20
 
 proto: install
 	$(PY) -m fleetrl.proto.codegen

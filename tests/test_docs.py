@@ -62,7 +62,21 @@ def documented_commands(repo_root) -> list[tuple[str, list[str]]]:
     return [(name, list(argv)) for argv, name in found.items()]
 
 
-@pytest.mark.slow  # a process per command
+def grouped_by_module_and_problem(commands: list[tuple[str, list[str]]]) -> list[tuple[list[str], list[str]]]:
+    """(names, argv) with the flags of every command of one module and one --problem joined:
+    absl parses each occurrence of a flag, so one process checks them all, and the Problem,
+    which decides what flags exist, is the same for each."""
+    groups: dict[tuple[str, str | None], tuple[list[str], list[str]]] = {}
+    for name, argv in commands:
+        problem = next((arg for arg in argv if arg.startswith("--problem=")), None)
+        names, joined = groups.setdefault((argv[0], problem), ([], [argv[0]]))
+        names.append(f"{name}: {shlex.join(argv)}")
+        joined += [arg for arg in argv[1:] if arg not in joined]
+    return list(groups.values())
+
+
+@pytest.mark.slow  # a process per module and Problem
+@pytest.mark.beside_others
 def test_every_documented_command_takes_its_flags(repo_root, tmp_path):
     """Each command with --help appended: a stale module or flag fails to parse, where a
     working one prints its help (absl exits 1 after --help; argparse 0)."""
@@ -75,13 +89,29 @@ def test_every_documented_command_takes_its_flags(repo_root, tmp_path):
         return subprocess.run([sys.executable, "-m", *argv, "--help"], capture_output=True, text=True, timeout=120,
                               cwd=tmp_path)
 
+    groups = grouped_by_module_and_problem(commands)
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        results = list(pool.map(help_of, [argv for _, argv in commands]))
-    for (name, argv), result in zip(commands, results):
+        results = list(pool.map(help_of, [argv for _, argv in groups]))
+    for (names, _), result in zip(groups, results):
         output = result.stdout + result.stderr
-        assert "Traceback" not in output and "parsing error" not in output.lower(), f"{name}: {argv}\n{output}"
+        where = "\n".join(names)
+        assert "Traceback" not in output and "parsing error" not in output.lower(), f"{where}\n{output}"
         assert result.returncode in (0, 1) and ("flags:" in output or "usage:" in output.lower()), \
-            f"{name}: {argv}\n{output}"
+            f"{where}\n{output}"
+
+
+def test_joined_commands_keep_every_flag_and_apart_what_another_problem_defines():
+    commands = [("a.md", ["fleetrl.launch.local", "--problem=r2r", "--seed=1"]),
+                ("b.md", ["fleetrl.launch.local", "--problem=r2r", "--seed=1", "--num_actors=2"]),
+                ("c.md", ["fleetrl.launch.local", "--problem=libero", "--seed=1"]),
+                ("d.md", ["fleetrl.launch.evaluate", "--checkpoint=x"])]
+    groups = grouped_by_module_and_problem(commands)
+    assert [argv for _, argv in groups] == [
+        ["fleetrl.launch.local", "--problem=r2r", "--seed=1", "--num_actors=2"],
+        ["fleetrl.launch.local", "--problem=libero", "--seed=1"],
+        ["fleetrl.launch.evaluate", "--checkpoint=x"]]
+    assert groups[0][0] == ["a.md: fleetrl.launch.local --problem=r2r --seed=1",
+                            "b.md: fleetrl.launch.local --problem=r2r --seed=1 --num_actors=2"]
 
 
 @pytest.mark.slow

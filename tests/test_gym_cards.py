@@ -249,17 +249,18 @@ def test_numberline_is_learned_from_pixels_through_the_whole_system(tmp_path, lo
 @pytest.mark.slow
 def test_ezpoints_is_learned_from_the_solver_then_with_rl(tmp_path, local_run):
     """The recipe of docs/gym_cards.md: imitate the solver alone, then warm-start a run
-    that mixes PPO with teacher-forced episodes. RL alone stays at 0%; this reached 79.6% on
-    1,000 greedy eval episodes. No teacher at eval."""
+    that mixes PPO with teacher-forced episodes. RL alone stays at 0%. No teacher at eval.
+    The stages are shorter than the recipe's 20k and 15k env steps (100% on 300 episodes): on
+    2026-12-03, 10k of imitation gave 92% and 6k of mixed RL after it 75%; the bar is 40%."""
 
     process, tag = local_run.start(tmp_path / "imitate", "--problem=gym_cards/ezpoints", "--seed=0",
                                    "--teacher_forcing_fraction=1", "--algorithm=supervised",
-                                   "--total_env_steps=20000")
+                                   "--total_env_steps=10000")
     code, output = local_run.finish(process, tag)
     assert code == 0, output
     process, tag = local_run.start(tmp_path / "rl", "--problem=gym_cards/ezpoints", "--seed=0",
                                    "--teacher_forcing_fraction=0.5", f"--init_checkpoint={tmp_path / 'imitate'}",
-                                   "--total_env_steps=15000")
+                                   "--total_env_steps=8000")
     code, output = local_run.finish(process, tag)
     assert code == 0, output
     latest = sorted((tmp_path / "rl" / "checkpoints").glob("ckpt-*.pt"))[-1]

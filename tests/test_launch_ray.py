@@ -21,7 +21,8 @@ import uuid
 
 import pytest
 
-pytestmark = pytest.mark.slow  # a real two-node cluster
+# A real two-node cluster, started once for the module on one worker.
+pytestmark = [pytest.mark.slow, pytest.mark.beside_others, pytest.mark.xdist_group("ray_cluster")]
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}

@@ -8,7 +8,8 @@ import pytest
 
 from fleetrl.envs.libero.env import LiberoEnv, axis_angle, decode_language, encode_language
 
-pytestmark = pytest.mark.slow  # the real simulator: seconds per reset
+# The real simulator, one process: seconds per reset; one worker holds the module's env.
+pytestmark = [pytest.mark.slow, pytest.mark.beside_others, pytest.mark.xdist_group("libero_env")]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,8 @@ import pytest
 
 from fleetrl.problems import registered_names
 
-pytestmark = pytest.mark.slow  # builds and installs a wheel: about a minute, then a run per Problem
+# Builds and installs a wheel (about a minute), then a run per Problem; one worker builds it.
+pytestmark = [pytest.mark.slow, pytest.mark.beside_others, pytest.mark.xdist_group("wheel")]
 
 IMPORT_EVERY_MODULE = textwrap.dedent("""
     import importlib, json, pkgutil
