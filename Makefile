@@ -61,10 +61,11 @@ test-fast: lint libero
 
 # The whole suite, as CI runs it. The LIBERO tests run the real simulator, so the test
 # environment has it. The fast tests and the slow ones marked beside_others (the wheel, Ray,
-# the LIBERO env: mostly waiting or on one core) run on two workers, each xdist_group on one;
-# the other slow ones (learning runs, each using both cores) run one at a time.
+# the LIBERO env: mostly waiting or on one core) run on two workers, a whole file on one, so
+# that a module's fixture (a wheel's virtualenv, a Ray cluster) is built once and no two Ray
+# tests overlap; the other slow ones (learning runs, each using both cores) run one at a time.
 test: lint libero
-	$(PY) -m pytest -q -m "not slow or beside_others" -n 2 --dist loadgroup --durations=10
+	$(PY) -m pytest -q -m "not slow or beside_others" -n 2 --dist loadfile --durations=10
 	$(PY) -m pytest -q -m "slow and not beside_others" --durations=20
 
 proto: install

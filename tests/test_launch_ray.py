@@ -21,8 +21,8 @@ import uuid
 
 import pytest
 
-# A real two-node cluster, started once for the module on one worker.
-pytestmark = [pytest.mark.slow, pytest.mark.beside_others, pytest.mark.xdist_group("ray_cluster")]
+# A real two-node cluster, started once for the module.
+pytestmark = [pytest.mark.slow, pytest.mark.beside_others]
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}

@@ -8,8 +8,8 @@ import pytest
 
 from fleetrl.envs.libero.env import LiberoEnv, axis_angle, decode_language, encode_language
 
-# The real simulator, one process: seconds per reset; one worker holds the module's env.
-pytestmark = [pytest.mark.slow, pytest.mark.beside_others, pytest.mark.xdist_group("libero_env")]
+# The real simulator, one process: seconds per reset.
+pytestmark = [pytest.mark.slow, pytest.mark.beside_others]
 
 
 @pytest.fixture(scope="module")

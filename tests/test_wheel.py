@@ -16,8 +16,8 @@ import pytest
 
 from fleetrl.problems import registered_names
 
-# Builds and installs a wheel (about a minute), then a run per Problem; one worker builds it.
-pytestmark = [pytest.mark.slow, pytest.mark.beside_others, pytest.mark.xdist_group("wheel")]
+# Builds and installs a wheel (about a minute), then a run per Problem.
+pytestmark = [pytest.mark.slow, pytest.mark.beside_others]
 
 IMPORT_EVERY_MODULE = textwrap.dedent("""
     import importlib, json, pkgutil
