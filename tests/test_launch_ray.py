@@ -136,10 +136,14 @@ def read_until(process, pattern: str, lines: list[str], timeout_s: float = 120) 
 
 def test_a_run_trains_with_actors_on_both_nodes_and_leaves_nothing_behind(cluster, tmp_path):
     """With a token (the learner refuses calls without it, so training shows it reached every
-    actor) and an eval actor, which asks for no CPU of its own here."""
+    actor) and an eval actor, which asks for no CPU of its own here. The run ends at the first
+    eval round whose mean return reaches 30 (random play: about 22), so it ends only after
+    the eval actor has played, however slowly its process started; an env-step budget
+    alone once ended the run first while other tests loaded the machine."""
     token = tmp_path / "token"
     token.write_text(uuid.uuid4().hex)
-    process = start_launcher(cluster, tmp_path / "run", "--total_env_steps=30000", f"--auth_token_file={token}",
+    process = start_launcher(cluster, tmp_path / "run", "--target_eval_metric=30", "--total_env_steps=1000000",
+                             f"--auth_token_file={token}",
                              "--num_eval_actors=1", "--eval_envs_per_actor=4", '--eval_actor_resources={"CPU": 0}',
                              "--eval_interval_s=1", "--hparams=eval_episodes=4")
     output, _ = process.communicate(timeout=300)
@@ -149,7 +153,7 @@ def test_a_run_trains_with_actors_on_both_nodes_and_leaves_nothing_behind(cluste
     assert set(nodes) == {"actor-0", "actor-1"} and len(set(nodes.values())) == 2, output
     assert learner_node in nodes.values()
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["reason"].startswith("total_env_steps reached") and summary["trainer_steps"] > 0, summary
+    assert summary["reason"].startswith("target reached: eval return") and summary["trainer_steps"] > 0, summary
     assert "eval-actor-0 started" in output
     rounds = (tmp_path / "run" / "eval.jsonl").read_text().splitlines()
     assert rounds and json.loads(rounds[0])["episodes"] == 4, rounds
