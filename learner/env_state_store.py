@@ -105,8 +105,8 @@ class EnvStateStore:
             index = torch.from_numpy(slots)
             completed = [] if step is None else self._record(slots, index, step, state_before)
             self._write_state(self._state, index, state_after, None)
-            for name, value in actions.items():
-                self._prev_action[name][index] = value.to(self._prev_action[name].dtype)
+            for name, previous in self._prev_action.items():  # the actors' actions, not learner-side fields
+                previous[index] = actions[name].to(previous.dtype)
             self._ended[slots] = ended
             return completed
 
@@ -209,7 +209,7 @@ def build_state_store(problem: Problem, agent: torch.nn.Module, unroll_length: i
     if not record:
         return EnvStateStore(unroll_length, {}, action_fields, state_template)
     step_fields = {OBSERVATION + k: v for k, v in obs_fields.items()}
-    step_fields.update({ACTION + k: v for k, v in action_fields.items()})
+    step_fields.update({ACTION + k: v for k, v in {**action_fields, **fields(problem.learner_action_specs())}.items()})
     step_fields.update({EXTRA + k: v for k, v in extra_fields.items()})
     step_fields.update({k: (dtype, ()) for k, dtype in STEP_FIELDS.items()})
     step_fields["behaviour_log_prob"] = (torch.float32, tuple(log_prob.shape[1:]))

@@ -62,4 +62,4 @@ class EvalInference:
         self.store.end_step(step.slots, step.run_ids, None, state, new_state, actions,
                             step.terminated | step.truncated)
         self.env_steps += int((~first).sum())
-        return {k: v.numpy() for k, v in actions.items()}
+        return {spec.name: actions[spec.name].numpy() for spec in self.problem.action_specs()}

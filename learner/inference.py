@@ -83,6 +83,7 @@ class InferenceStep:
         self.store = store
         self.emit_unroll = emit_unroll  # False: the learner is stopping
         self.transfer = DeviceTransfer(device, transfer)
+        self.sent = [spec.name for spec in problem.action_specs()]  # learner_action_specs stay here
         self.env_steps = 0  # transitions: steps that are not the first of an episode
         self.batches = 0
         self.batch_envs = 0
@@ -123,4 +124,4 @@ class InferenceStep:
         self.env_steps += int((~first).sum())
         self.batches += 1
         self.batch_envs += len(step)
-        return split_rows({k: v.numpy() for k, v in actions.items()}, requests)
+        return split_rows({k: actions[k].numpy() for k in self.sent}, requests)

@@ -199,6 +199,12 @@ class Problem:
     def action_specs(self) -> Specs:
         return specs_from_space(self._spaces[1], "action")
 
+    def learner_action_specs(self) -> Specs:
+        """Fields of `select_actor_action`'s output that the learner records with each step,
+        for training, and never sends to actors (a flow policy's denoising chain, say); the
+        actors get the `action_specs` fields alone. Declare each one's dtype and shape."""
+        return ()
+
     def extra_specs(self) -> Specs:
         """Per-step extras that actors send beside each observation: fields that features or
         the algorithm need in training, never model inputs. An actor reads each from the
