@@ -35,8 +35,6 @@ model's config, so a checkpoint is small and refuses to load onto another base m
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
 import time
 import warnings
@@ -48,6 +46,7 @@ import torch
 from torch import nn
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
+from fleetrl.agents.pretrained_base import PretrainedBase, fingerprint
 from fleetrl.agents.token_offsets import token_byte_lengths, tokens_through
 from fleetrl.common.extras import MissingExtra
 
@@ -84,16 +83,9 @@ def load_vlm(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, Any]:
     return model, processor
 
 
-def fingerprint(model_path: str) -> torch.Tensor:
-    """SHA-256 of the base model's config, as 32 uint8."""
-    with open(os.path.join(model_path, "config.json"), "rb") as f:
-        config = json.load(f)
-    config.pop("transformers_version", None)
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).digest()
-    return torch.tensor(list(digest), dtype=torch.uint8)
+class VLMAgent(PretrainedBase, Agent):
+    BASE = "model"
 
-
-class VLMAgent(Agent):
     def __init__(self, model_path: str, prompt: str, max_new_tokens: int = 64, max_text_bytes: int = 256,
                  temperature: float = 1.0, top_p: float = 1.0, lora_rank: int = 8, lora_alpha: float = 16.0,
                  lora_dropout: float = 0.0, lora_target_modules: Sequence[str] = ("q_proj", "v_proj"),
@@ -168,34 +160,6 @@ class VLMAgent(Agent):
         return int(text.hidden_size)
 
     # ----- what a checkpoint holds -----
-
-    def state_dict(self, *args, **kwargs) -> dict[str, torch.Tensor]:
-        """The trained parameters (adapters, value head, anything unfrozen) and the base
-        model's fingerprint; the frozen base model stays out."""
-        full = super().state_dict(*args, **kwargs)
-        prefix = kwargs.get("prefix", "")
-        kept = {prefix + name for name, p in self.named_parameters() if p.requires_grad}
-        kept.add(prefix + "base_fingerprint")
-        return type(full)((k, v) for k, v in full.items() if k in kept)
-
-    def check_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
-        saved = state_dict.get("base_fingerprint")
-        if saved is None:
-            raise ValueError("these weights name no base model (no base_fingerprint): they are not a "
-                             "vision-language agent's")
-        if not torch.equal(saved.cpu(), self.base_fingerprint.cpu()):
-            raise ValueError(f"these weights were trained on another base model (config fingerprint "
-                             f"{bytes(saved.tolist()).hex()[:12]}) than {self.model_path} "
-                             f"({bytes(self.base_fingerprint.tolist()).hex()[:12]}): load the base model they "
-                             f"were trained on")
-
-    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
-        self.check_weights(state_dict)
-        expected = set(self.state_dict())
-        if strict and set(state_dict) != expected:
-            raise ValueError(f"the weights do not fit the agent: missing {sorted(expected - set(state_dict))}, "
-                             f"unexpected {sorted(set(state_dict) - expected)}")
-        return super().load_state_dict(state_dict, strict=False, assign=assign)
 
     def export_pretrained(self, directory: str) -> None:
         """Writes the fine-tuned model as a folder that `from_pretrained` loads: the LoRA

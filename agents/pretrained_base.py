@@ -1,0 +1,63 @@
+"""Checkpoints of agents built on a pretrained model: what trained, never the frozen base.
+
+An agent that fine-tunes a large pretrained model (the VLM agent's image-text-to-text
+model, the flow VLA's PaliGemma prefix) keeps that model under one attribute, `BASE`. Its
+`state_dict` holds every parameter outside the base (heads, adapters' wrappers, an action
+expert), the base's parameters that train (LoRA adapters, unfrozen parts), and a
+fingerprint of the base model's config, so a checkpoint stays small and refuses, by name,
+to load onto another base model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from typing import ClassVar
+
+import torch
+
+
+def fingerprint(model_path: str) -> torch.Tensor:
+    """SHA-256 of the base model's config, as 32 uint8."""
+    with open(os.path.join(model_path, "config.json"), "rb") as f:
+        config = json.load(f)
+    config.pop("transformers_version", None)
+    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode()).digest()
+    return torch.tensor(list(digest), dtype=torch.uint8)
+
+
+class PretrainedBase:
+    """Mixin for an `nn.Module` agent; put it before `Agent` in the bases. The subclass sets
+    `BASE` (the attribute holding the pretrained model) and registers the buffer
+    `base_fingerprint` (`fingerprint(model_path)`); `model_path` names the base in errors."""
+
+    BASE: ClassVar[str] = ""
+    model_path: str
+
+    def state_dict(self, *args, **kwargs) -> dict[str, torch.Tensor]:
+        full = super().state_dict(*args, **kwargs)
+        prefix = kwargs.get("prefix", "")
+        base = f"{self.BASE}."
+        kept = {prefix + name for name, p in self.named_parameters() if p.requires_grad or not name.startswith(base)}
+        kept.add(prefix + "base_fingerprint")
+        return type(full)((k, v) for k, v in full.items() if k in kept)
+
+    def check_weights(self, state_dict: dict[str, torch.Tensor]) -> None:
+        saved = state_dict.get("base_fingerprint")
+        if saved is None:
+            raise ValueError(f"these weights name no base model (no base_fingerprint): they are not a "
+                             f"{type(self).__name__}'s")
+        if not torch.equal(saved.cpu(), self.base_fingerprint.cpu()):
+            raise ValueError(f"these weights were trained on another base model (config fingerprint "
+                             f"{bytes(saved.tolist()).hex()[:12]}) than {self.model_path} "
+                             f"({bytes(self.base_fingerprint.tolist()).hex()[:12]}): load the base model they "
+                             f"were trained on")
+
+    def load_state_dict(self, state_dict, strict: bool = True, assign: bool = False):
+        self.check_weights(state_dict)
+        expected = set(self.state_dict())
+        if strict and set(state_dict) != expected:
+            raise ValueError(f"the weights do not fit the agent: missing {sorted(expected - set(state_dict))}, "
+                             f"unexpected {sorted(set(state_dict) - expected)}")
+        return super().load_state_dict(state_dict, strict=False, assign=assign)
