@@ -1,0 +1,104 @@
+"""A tiny, randomly initialized PaliGemma (SigLIP vision tower + Gemma), built offline.
+
+The flow-matching VLA's `--model_path=tiny`: the same transformers class as a real
+PaliGemma (`PaliGemmaForConditionalGeneration`), small enough to train on a CPU, with a
+byte-level BPE tokenizer trained here on the caller's corpus (the Problem's instructions).
+It is saved with `save_pretrained` and loaded back with `from_pretrained`, as real weights
+are. The folder is named by a hash of what goes into it and written aside, then renamed,
+so processes that build the same model at once share one copy (as `tiny_vlm`'s).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+
+from fleetrl.agents.tiny_vlm import cache_dir
+from fleetrl.common.extras import MissingExtra
+
+IMAGE_TOKEN = "<image>"
+SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>", IMAGE_TOKEN)
+
+
+@dataclasses.dataclass(frozen=True)
+class TinyPaliGemmaConfig:
+    image_size: int = 32
+    patch_size: int = 8
+    vision_width: int = 48
+    vision_layers: int = 1
+    text_width: int = 64
+    text_layers: int = 2
+    heads: int = 2
+    head_dim: int = 32
+    vocab_size: int = 320  # BPE merges on top of the 256 bytes and the special tokens
+    initializer_range: float = 0.1  # 0.02 (transformers' default) trains much slower from scratch (as tiny_vlm's)
+    seed: int = 0
+
+
+def build_tiny_paligemma(corpus: Sequence[str], config: TinyPaliGemmaConfig = TinyPaliGemmaConfig(),
+                         root: str | None = None) -> str:
+    """The folder of a tiny PaliGemma whose tokenizer was trained on `corpus`, built if missing."""
+    digest = hashlib.sha256(json.dumps([dataclasses.asdict(config), list(corpus)]).encode()).hexdigest()[:16]
+    path = os.path.join(root or cache_dir(), f"tiny-paligemma-{digest}")
+    if os.path.isdir(path):
+        return path
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=".tiny-paligemma-", dir=os.path.dirname(path))
+    try:
+        _write(staging, corpus, config)
+        os.rename(staging, path)
+    except OSError:
+        if not os.path.isdir(path):  # not another process that got there first: a real failure
+            raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return path
+
+
+def _write(folder: str, corpus: Sequence[str], config: TinyPaliGemmaConfig) -> None:
+    import torch
+
+    try:
+        import transformers
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    except ImportError as e:
+        raise MissingExtra("the tiny PaliGemma", "vlm", e) from e
+    from transformers import (
+        GemmaConfig,
+        PaliGemmaConfig,
+        PaliGemmaForConditionalGeneration,
+        PreTrainedTokenizerFast,
+        SiglipVisionConfig,
+    )
+
+    transformers.utils.logging.disable_progress_bar()
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    bpe.decoder = decoders.ByteLevel()
+    bpe.train_from_iterator(list(corpus), trainers.BpeTrainer(
+        vocab_size=config.vocab_size, special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<bos>",
+                                        eos_token="<eos>", extra_special_tokens={"image_token": IMAGE_TOKEN})
+    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIAL_TOKENS}
+    vision = SiglipVisionConfig(hidden_size=config.vision_width, intermediate_size=2 * config.vision_width,
+                                num_hidden_layers=config.vision_layers, num_attention_heads=config.heads,
+                                image_size=config.image_size, patch_size=config.patch_size, vision_use_head=False,
+                                initializer_range=config.initializer_range)
+    text = GemmaConfig(vocab_size=len(tokenizer), hidden_size=config.text_width,
+                       intermediate_size=2 * config.text_width, num_hidden_layers=config.text_layers,
+                       num_attention_heads=config.heads, num_key_value_heads=1, head_dim=config.head_dim,
+                       max_position_embeddings=1024, initializer_range=config.initializer_range,
+                       pad_token_id=ids["<pad>"], bos_token_id=ids["<bos>"],
+                       eos_token_id=ids["<eos>"])
+    paligemma = PaliGemmaConfig(vision_config=vision, text_config=text, image_token_index=ids[IMAGE_TOKEN],
+                                projection_dim=config.text_width)
+    paligemma.architectures = ["PaliGemmaForConditionalGeneration"]
+    torch.manual_seed(config.seed)
+    PaliGemmaForConditionalGeneration(paligemma).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
