@@ -29,6 +29,8 @@ BUILTIN: dict[str, str] = {
     "gym_cards/blackjack_vlm": "fleetrl.problems.gym_cards_vlm:BlackjackVLMProblem",
     "r2r": "fleetrl.problems.r2r:R2RProblem",
     "libero": "fleetrl.problems.libero:LiberoProblem",
+    "libero_flow_vla": "fleetrl.problems.libero_flow_vla:LiberoFlowVLAProblem",
+    "point_reach": "fleetrl.problems.point_reach:PointReachProblem",
 }
 _registry: dict[str, str] = dict(BUILTIN)
 

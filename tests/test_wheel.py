@@ -82,7 +82,7 @@ def test_every_module_imports_or_names_its_extra(installed):
     assert all("pip install 'fleetrl[ray]'" in message for message in extras.values())
 
 
-WITH_EXTRAS = {"libero"} | {name for name in registered_names() if name.endswith("_vlm")}
+WITH_EXTRAS = {"libero", "libero_flow_vla", "point_reach"} | {n for n in registered_names() if n.endswith("_vlm")}
 
 
 @pytest.mark.parametrize("problem", sorted(set(registered_names()) - WITH_EXTRAS))
@@ -100,7 +100,8 @@ def test_every_builtin_problem_runs_from_the_wheel(installed, problem):
     assert summary["env_steps"] >= 200 and summary["trainer_steps"] >= 1, summary
 
 
-@pytest.mark.parametrize("problem,extra", [("libero", "libero"), ("gym_cards/numberline_vlm", "vlm")])
+@pytest.mark.parametrize("problem,extra", [("libero", "libero"), ("gym_cards/numberline_vlm", "vlm"),
+                                           ("point_reach", "vlm")])
 def test_a_problem_without_its_extra_fails_with_one_clear_message(installed, problem, extra):
     bin_dir, outside = installed
     result = subprocess.run([str(bin_dir / "fleetrl-local"), f"--problem={problem}",

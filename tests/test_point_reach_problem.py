@@ -1,0 +1,122 @@
+"""The point_reach Problem's flow VLA through the learner's own inference and training:
+the chain stays on the learner, an update trains what trains, a checkpoint holds that."""
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the vlm extra (make install puts it in)")
+
+from fleetrl.learner.env_state_store import build_state_store  # noqa: E402
+from fleetrl.learner.inference import InferenceStep, PolicyVersion, StepRequest  # noqa: E402
+from fleetrl.learner.trainer import Trainer  # noqa: E402
+from fleetrl.losses.batch import UnrollBatch  # noqa: E402
+from fleetrl.problems import load_problem  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _model_cache(tmp_path_factory):
+    """Tiny models are built into a folder of this module's own, not the user's cache."""
+    old = os.environ.get("FLEETRL_CACHE")
+    os.environ["FLEETRL_CACHE"] = str(tmp_path_factory.mktemp("models"))
+    yield
+    if old is None:
+        del os.environ["FLEETRL_CACHE"]
+    else:
+        os.environ["FLEETRL_CACHE"] = old
+
+
+def point_reach(**hparams):
+    settings = {"action_width": 8, "value_hidden": "[32]", **hparams}
+    return load_problem("point_reach", {k: str(v) for k, v in settings.items()})
+
+
+def real_unrolls(problem, agent, unroll_length=2, num_envs=4) -> tuple[UnrollBatch, list[dict]]:
+    """Unrolls of real PointReach steps through the learner's inference step, and its replies."""
+    store = build_state_store(problem, agent, unroll_length, CPU)
+    unrolls, replies = [], []
+    inference = InferenceStep(problem, agent, PolicyVersion(), store, lambda u: unrolls.append(u) or True, CPU)
+    envs = [problem.make_actor_env() for _ in range(num_envs)]
+    obs, infos = (list(x) for x in zip(*(env.reset(seed=i) for i, env in enumerate(envs))))
+    slots, run_ids = store.allocate(num_envs), np.arange(1, num_envs + 1, dtype=np.uint64)
+    reward, terminated = np.zeros(num_envs, np.float32), np.zeros(num_envs, bool)
+    for _ in range(unroll_length + 1):
+        # As an actor sends them: each extra from the step's info, zeros where it has none.
+        extras = {s.name: np.stack([np.asarray(info.get(s.name, np.zeros(s.shape, s.dtype)), s.dtype)
+                                    for info in infos]) for s in problem.extra_specs()}
+        request = StepRequest(slots=slots, run_ids=run_ids,
+                              observation={k: np.stack([o[k] for o in obs]) for k in obs[0]}, extras=extras,
+                              reward=reward, terminated=terminated, truncated=np.zeros(num_envs, bool))
+        replies.append(inference([request])[0])
+        for i, env in enumerate(envs):
+            obs[i], reward[i], terminated[i], truncated, infos[i] = env.step(replies[-1]["action"][i])
+            if terminated[i] or truncated:
+                obs[i], infos[i] = env.reset()
+    return UnrollBatch.collate(unrolls), replies
+
+
+def test_actors_get_the_chunk_and_the_learner_keeps_the_chain():
+    problem = point_reach()
+    torch.manual_seed(0)
+    agent = problem.make_agent()
+    batch, replies = real_unrolls(problem, agent)
+    assert all(set(reply) == {"action"} and reply["action"].shape == (4, 4, 2) for reply in replies)
+    assert batch.action["chain"].shape == (3, 4, 6, 4, 8) and batch.action["stochastic"].shape == (3, 4, 5)
+    assert batch.behaviour_log_prob.shape == (3, 4, 4, 2)
+    # Training recomputes the recorded log-probs from the recorded chains.
+    with torch.no_grad():
+        out, _ = agent.unroll(batch.observation, batch.first, batch.initial_state, batch.action)
+    torch.testing.assert_close(problem.action_log_prob(out, batch.action), batch.behaviour_log_prob, atol=1e-4,
+                               rtol=0)
+
+
+@pytest.mark.parametrize("hparams,trains", [
+    ({}, ("expert.", "action_in.", "action_out.", "time_mlp.", "state_token.", "value_head.")),
+    ({"train_prefix": "true"}, ("paligemma.model.language_model.",)),
+])
+def test_an_update_trains_only_what_trains_and_the_checkpoint_holds_it(hparams, trains):
+    problem = point_reach(learning_rate=1e-2, **hparams)
+    torch.manual_seed(0)
+    agent = problem.make_agent()
+    batch, _ = real_unrolls(problem, agent)
+    before = {name: p.detach().clone() for name, p in agent.named_parameters()}
+    Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(), CPU).update(batch)
+    changed = {name for name, p in agent.named_parameters() if not torch.equal(before[name], p)}
+    trainable = {name for name, p in agent.named_parameters() if p.requires_grad}
+    assert changed and changed <= trainable, sorted(changed - trainable)
+    for part in trains:
+        assert any(name.startswith(part) for name in changed), (part, sorted(changed))
+    assert not any(name.startswith("paligemma.model.vision_tower.") for name in changed)
+    saved = set(agent.state_dict())
+    assert saved == {n for n in before if n in trainable or not n.startswith("paligemma.")} | {"base_fingerprint"}
+    agent.load_state_dict(agent.state_dict())
+
+
+def test_a_mismatched_base_model_is_refused(tmp_path):
+    from fleetrl.agents.tiny_paligemma import TinyPaliGemmaConfig, build_tiny_paligemma
+
+    problem = point_reach()
+    agent = problem.make_agent()
+    other = build_tiny_paligemma(problem.corpus(), TinyPaliGemmaConfig(vision_layers=2), root=str(tmp_path))
+    stranger = point_reach(model_path=other).make_agent()
+    with pytest.raises(ValueError, match=r"trained on another base model .* than " + str(other)):
+        stranger.load_state_dict(agent.state_dict())
+
+
+def test_teacher_forced_steps_play_the_oracles_chunk_and_train_on_it():
+    problem = point_reach(teacher_forcing_fraction=1, algorithm="supervised", learning_rate=3e-3)
+    torch.manual_seed(0)
+    agent = problem.make_agent()
+    env = problem.make_actor_env()
+    obs, info = env.reset(seed=0)
+    assert info["teacher_forcing"] and obs["oracle_action"].shape == (4, 2)
+    batch, replies = real_unrolls(problem, agent)
+    oracle = batch.observation["oracle_action"]
+    torch.testing.assert_close(torch.from_numpy(np.stack([r["action"] for r in replies])), oracle)
+    trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(), CPU)
+    losses = [float(trainer.update(batch)["loss/teacher_forcing"]) for _ in range(30)]
+    assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
