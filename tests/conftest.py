@@ -229,3 +229,33 @@ class LocalRuns:
 @pytest.fixture
 def local_run() -> LocalRuns:
     return LocalRuns()
+
+
+# ----- LIBERO's demonstration files -----
+
+def _write_libero_demos(path, instruction: str = "put the bowl on the plate", lengths=(7, 5), size: int = 16,
+                        drop: str | None = None) -> str:
+    """A tiny demonstration file in LIBERO's layout (robomimic's HDF5), random content."""
+    import h5py
+
+    rng = np.random.default_rng(0)
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        if instruction:
+            data.attrs["problem_info"] = json.dumps({"language_instruction": instruction})
+        for i, length in enumerate(lengths):
+            demo = data.create_group(f"demo_{i}")
+            demo["actions"] = np.clip(rng.normal(0, 0.5, (length, 7)), -1, 1)
+            obs = demo.create_group("obs")
+            obs["agentview_rgb"] = rng.integers(0, 256, (length, size, size, 3), dtype=np.uint8)
+            obs["eye_in_hand_rgb"] = rng.integers(0, 256, (length, size, size, 3), dtype=np.uint8)
+            for key, width in (("ee_pos", 3), ("ee_ori", 3), ("gripper_states", 2), ("joint_states", 7)):
+                obs[key] = rng.normal(size=(length, width))
+            if drop:
+                del obs[drop]
+    return str(path)
+
+
+@pytest.fixture
+def write_demo_file():
+    return _write_libero_demos

@@ -1,0 +1,47 @@
+"""libero_flow_vla through the whole system with the tiny PaliGemma: a warm start on a
+demonstration file in LIBERO's layout (written here), then PPO on the real simulator."""
+
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("transformers", reason="the vlm extra (make install puts it in)")
+pytest.importorskip("libero", reason="make libero installs it")
+
+pytestmark = pytest.mark.slow  # launch.local runs, and the real simulator
+
+
+def test_a_warm_start_on_demonstrations_then_ppo_on_the_simulator(tmp_path, local_run, monkeypatch, write_demo_file):
+    from fleetrl.envs.libero.env import LiberoEnv
+
+    monkeypatch.setenv("FLEETRL_CACHE", str(tmp_path / "models"))
+    # Demonstrations of the task the simulator then plays: one tiny model (its tokenizer
+    # learns the instructions) serves both runs, so the warm start's weights load.
+    instruction = LiberoEnv("libero_spatial", (0,)).suite.get_task(0).language
+    demos = write_demo_file(tmp_path / "demo.hdf5", instruction=instruction, lengths=(12, 10, 11), size=32)
+    common = ("--problem=libero_flow_vla", "--suite=libero_spatial", "--task_ids=[0]", "--image_size=32",
+              "--chunk_size=4", "--action_width=8", "--value_hidden=[32]", "--num_actors=1", "--seed=0")
+    warm = tmp_path / "warm"
+    process, tag = local_run.start(warm, *common, f"--demo_files={demos}", "--algorithm=supervised",
+                                   "--teacher_forcing_fraction=1", "--envs_per_actor=2", "--unroll_length=2",
+                                   "--batch_size=2", "--minibatches=1", "--total_env_steps=40")
+    code, output = local_run.finish(process, tag)
+    assert code == 0, output
+    scalars = local_run.read_scalars(warm)
+    assert "loss/teacher_forcing" in scalars and scalars["teacher_forcing/fraction"][-1] == 1.0, sorted(scalars)
+    saved = torch.load(max((warm / "checkpoints").glob("ckpt-*.pt")), weights_only=True)
+    assert "base_fingerprint" in saved["model"] and not any(k.startswith("paligemma.model.vision_tower")
+                                                              for k in saved["model"])
+
+    rl = tmp_path / "rl"
+    process, tag = local_run.start(rl, *common, f"--init_checkpoint={warm}", "--envs_per_actor=1",
+                                   "--max_episode_steps=8", "--num_wait_steps=1", "--unroll_length=2",
+                                   "--batch_size=1", "--minibatches=1", "--total_env_steps=6")
+    code, output = local_run.finish(process, tag)
+    assert code == 0, output
+    summary = json.loads((rl / "summary.json").read_text())
+    assert summary["trainer_steps"] >= 1 and summary["episodes"] >= 1, summary
+    scalars = local_run.read_scalars(rl)
+    assert {"loss/policy", "ppo/approx_kl", "episode/success_once"} <= set(scalars), sorted(scalars)
+    assert set(scalars["episode/episode_len"]) == {8.0}  # 2 chunks of 4 actions, then truncation
