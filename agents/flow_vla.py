@@ -163,6 +163,7 @@ class FlowVLAAgent(PretrainedBase, Agent):
         self.value_head = nn.Sequential(*layers, nn.Linear(previous, 1))
         self.register_buffer("action_mask", (torch.arange(action_width) < action_dim).float(), persistent=False)
         self.register_buffer("base_fingerprint", fingerprint(model_path))
+        self.remember_what_trains()
 
     # ----- the prefix -----
 

@@ -29,17 +29,26 @@ def fingerprint(model_path: str) -> torch.Tensor:
 
 class PretrainedBase:
     """Mixin for an `nn.Module` agent; put it before `Agent` in the bases. The subclass sets
-    `BASE` (the attribute holding the pretrained model) and registers the buffer
-    `base_fingerprint` (`fingerprint(model_path)`); `model_path` names the base in errors."""
+    `BASE` (the attribute holding the pretrained model), registers the buffer
+    `base_fingerprint` (`fingerprint(model_path)`; `model_path` names the base in errors),
+    and calls `remember_what_trains` at the end of its `__init__`."""
 
     BASE: ClassVar[str] = ""
     model_path: str
+
+    def remember_what_trains(self) -> None:
+        """Fixes the parameters a checkpoint keeps to those that train now: an eval snapshot
+        (`fleetrl.learner.eval_rounds.frozen_copy`), whose parameters train no more, must
+        still save them into best.pt."""
+        self._trained_names = frozenset(name for name, p in self.named_parameters() if p.requires_grad)
 
     def state_dict(self, *args, **kwargs) -> dict[str, torch.Tensor]:
         full = super().state_dict(*args, **kwargs)
         prefix = kwargs.get("prefix", "")
         base = f"{self.BASE}."
-        kept = {prefix + name for name, p in self.named_parameters() if p.requires_grad or not name.startswith(base)}
+        trained = getattr(self, "_trained_names", None)
+        kept = {prefix + name for name, p in self.named_parameters()
+                if (name in trained if trained is not None else p.requires_grad) or not name.startswith(base)}
         kept.add(prefix + "base_fingerprint")
         return type(full)((k, v) for k, v in full.items() if k in kept)
 

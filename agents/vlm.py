@@ -133,6 +133,7 @@ class VLMAgent(PretrainedBase, Agent):
                                         nn.Linear(value_hidden, value_hidden), nn.Tanh(), nn.Linear(value_hidden, 1))
         self.value_head.to(getattr(torch, dtype))
         self.register_buffer("base_fingerprint", fingerprint(model_path))
+        self.remember_what_trains()
         self._generations: list[tuple[float, float, int, float]] = []
 
     def _special_tokens(self) -> list[int]:

@@ -97,6 +97,12 @@ def test_an_update_trains_only_what_trains_and_the_checkpoint_holds_it(hparams, 
     saved = set(agent.state_dict())
     assert saved == {n for n in before if n in trainable or not n.startswith("paligemma.")} | {"base_fingerprint"}
     agent.load_state_dict(agent.state_dict())
+    # An eval round's snapshot (whose state_dict is best.pt) saves the same, though nothing trains in it.
+    from fleetrl.learner.eval_rounds import frozen_copy
+
+    snapshot = frozen_copy(agent)
+    assert set(snapshot.state_dict()) == saved
+    agent.load_state_dict(snapshot.state_dict())
 
 
 def test_a_mismatched_base_model_is_refused(tmp_path):

@@ -358,6 +358,8 @@ def test_an_eval_snapshot_shares_the_frozen_base_and_copies_what_trains():
     assert frozen and trained
     assert all(a is s for a, s in frozen)
     assert all(a.data_ptr() != s.data_ptr() and not s.requires_grad for a, s in trained)
+    # best.pt is the snapshot's state_dict: it keeps what trains though nothing trains in it.
+    assert set(snapshot.state_dict()) == set(agent.state_dict())
     copied = sum(s.numel() * s.element_size() for _, s in trained)
     whole = sum(a.numel() * a.element_size() for a, _ in pairs)
     assert copied < 0.5 * whole  # LoRA rank 8 and the value head against the whole tiny model
