@@ -22,14 +22,18 @@ from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.registry import load_problem
 
 FLAGS = flags.FLAGS
-flags.DEFINE_string("problem", "point_reach", "A flow-VLA Problem.")
-flags.DEFINE_list("hparams", [], "The Problem's settings, name=value.")
-flags.DEFINE_list("batch_sizes", ["1", "8", "32"], "Inference batch sizes.")
-flags.DEFINE_integer("repeats", 10, "Timed repeats per figure (after one untimed).")
-flags.DEFINE_integer("threads", 1, "torch intra-op threads (the learner's --torch_threads).")
-flags.DEFINE_string("device", "cpu", "cpu or cuda.")
-flags.DEFINE_integer("update_batch", 16, "Envs per PPO batch (unrolls of --unroll_length).")
-flags.DEFINE_integer("unroll_length", 8, "Steps per unroll in the PPO batch.")
+
+
+def define_flags() -> None:
+    """Here, not at import: other benches define flags of the same names."""
+    flags.DEFINE_string("problem", "point_reach", "A flow-VLA Problem.")
+    flags.DEFINE_list("hparams", [], "The Problem's settings, name=value.")
+    flags.DEFINE_list("batch_sizes", ["1", "8", "32"], "Inference batch sizes.")
+    flags.DEFINE_integer("repeats", 10, "Timed repeats per figure (after one untimed).")
+    flags.DEFINE_integer("threads", 1, "torch intra-op threads (the learner's --torch_threads).")
+    flags.DEFINE_string("device", "cpu", "cpu or cuda.")
+    flags.DEFINE_integer("update_batch", 16, "Envs per PPO batch (unrolls of --unroll_length).")
+    flags.DEFINE_integer("unroll_length", 8, "Steps per unroll in the PPO batch.")
 
 
 def observations(problem, count: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -117,4 +121,5 @@ def main(argv) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
