@@ -40,7 +40,8 @@ from torch.utils import _pytree as pytree
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
 from fleetrl.agents.flow_sampler import FlowSample, FlowSamplerConfig, chain_log_prob, sample
-from fleetrl.agents.pretrained_base import PretrainedBase, fingerprint
+from fleetrl.agents.pretrained_base import PretrainedBase, check_model_folder, fingerprint
+from fleetrl.agents.vlm import architecture_of
 from fleetrl.common.extras import MissingExtra
 
 SUPPORTED = ("PaliGemmaForConditionalGeneration",)
@@ -59,14 +60,7 @@ def _transformers():
 def load_paligemma(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, Any, tuple[float, float]]:
     """The model, tokenizer and image (mean, std) in the local folder `model_path` (never the hub)."""
     transformers = _transformers()
-    if not os.path.isdir(model_path) or not os.path.isfile(os.path.join(model_path, "config.json")):
-        raise ValueError(f"--model_path={model_path}: no model there (a folder with config.json, as "
-                         f"save_pretrained writes; nothing is downloaded); or use --model_path=tiny")
-    config = transformers.AutoConfig.from_pretrained(model_path, local_files_only=True)
-    architecture = (config.architectures or ["?"])[0]
-    if architecture not in SUPPORTED:
-        raise ValueError(f"--model_path={model_path} holds a {architecture}; the flow VLA's prefix supports "
-                         f"{', '.join(SUPPORTED)}")
+    check_model_folder(model_path, architecture_of, SUPPORTED, "the flow VLA's prefix")
     model = transformers.PaliGemmaForConditionalGeneration.from_pretrained(model_path, local_files_only=True,
                                                                          dtype=dtype)
     tokenizer = transformers.AutoTokenizer.from_pretrained(model_path, local_files_only=True)

@@ -13,9 +13,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import torch
+
+
+def check_model_folder(model_path: str, architecture_of: Callable[[str], str], supported: Sequence[str],
+                       what: str) -> None:
+    """Raises ValueError, naming it, unless `model_path` is a local model folder (with
+    config.json) whose architecture is one of `supported`. Nothing is ever downloaded."""
+    if not os.path.isdir(model_path) or not os.path.isfile(os.path.join(model_path, "config.json")):
+        raise ValueError(f"--model_path={model_path}: no model there (a folder with config.json, as "
+                         f"save_pretrained writes; nothing is downloaded); or use --model_path=tiny")
+    architecture = architecture_of(model_path)
+    if architecture not in supported:
+        raise ValueError(f"--model_path={model_path} holds a {architecture}; {what} supports {', '.join(supported)}")
 
 
 def fingerprint(model_path: str) -> torch.Tensor:

@@ -11,14 +11,9 @@ so processes that build the same model at once share one copy (as `tiny_vlm`'s).
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 
-from fleetrl.agents.tiny_vlm import cache_dir
+from fleetrl.agents.tiny_builds import built_once, byte_level_bpe
 from fleetrl.common.extras import MissingExtra
 
 IMAGE_TOKEN = "<image>"
@@ -43,29 +38,16 @@ class TinyPaliGemmaConfig:
 def build_tiny_paligemma(corpus: Sequence[str], config: TinyPaliGemmaConfig = TinyPaliGemmaConfig(),
                          root: str | None = None) -> str:
     """The folder of a tiny PaliGemma whose tokenizer was trained on `corpus`, built if missing."""
-    digest = hashlib.sha256(json.dumps([dataclasses.asdict(config), list(corpus)]).encode()).hexdigest()[:16]
-    path = os.path.join(root or cache_dir(), f"tiny-paligemma-{digest}")
-    if os.path.isdir(path):
-        return path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".tiny-paligemma-", dir=os.path.dirname(path))
-    try:
-        _write(staging, corpus, config)
-        os.rename(staging, path)
-    except OSError:
-        if not os.path.isdir(path):  # not another process that got there first: a real failure
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return path
+    return built_once("tiny-paligemma", [dataclasses.asdict(config), list(corpus)],
+                      lambda folder: _write(folder, corpus, config), root)
 
 
 def _write(folder: str, corpus: Sequence[str], config: TinyPaliGemmaConfig) -> None:
     import torch
 
+    bpe = byte_level_bpe(corpus, config.vocab_size, SPECIAL_TOKENS, "the tiny PaliGemma")
     try:
         import transformers
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError as e:
         raise MissingExtra("the tiny PaliGemma", "vlm", e) from e
     from transformers import (
@@ -77,12 +59,6 @@ def _write(folder: str, corpus: Sequence[str], config: TinyPaliGemmaConfig) -> N
     )
 
     transformers.utils.logging.disable_progress_bar()
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(list(corpus), trainers.BpeTrainer(
-        vocab_size=config.vocab_size, special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<bos>",
                                         eos_token="<eos>", extra_special_tokens={"image_token": IMAGE_TOKEN})
     ids = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIAL_TOKENS}

@@ -14,13 +14,9 @@ renamed, so processes that build the same model at once share one copy.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 
+from fleetrl.agents.tiny_builds import built_once, byte_level_bpe
 from fleetrl.common.extras import MissingExtra
 
 IMAGE_TOKEN = "<image>"
@@ -41,35 +37,18 @@ class TinyVLMConfig:
     seed: int = 0
 
 
-def cache_dir() -> str:
-    return os.environ.get("FLEETRL_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "fleetrl"))
-
-
 def build_tiny_vlm(corpus: Sequence[str], config: TinyVLMConfig = TinyVLMConfig(), root: str | None = None) -> str:
     """The folder of a tiny VLM whose tokenizer was trained on `corpus`, built if missing."""
-    digest = hashlib.sha256(json.dumps([dataclasses.asdict(config), list(corpus)]).encode()).hexdigest()[:16]
-    path = os.path.join(root or cache_dir(), f"tiny-vlm-{digest}")
-    if os.path.isdir(path):
-        return path
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    staging = tempfile.mkdtemp(prefix=".tiny-vlm-", dir=os.path.dirname(path))
-    try:
-        _write(staging, corpus, config)
-        os.rename(staging, path)
-    except OSError:
-        if not os.path.isdir(path):  # not another process that got there first: a real failure
-            raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return path
+    return built_once("tiny-vlm", [dataclasses.asdict(config), list(corpus)],
+                      lambda folder: _write(folder, corpus, config), root)
 
 
 def _write(folder: str, corpus: Sequence[str], config: TinyVLMConfig) -> None:
     import torch
 
+    bpe = byte_level_bpe(corpus, config.vocab_size, SPECIAL_TOKENS, "the tiny vision-language model")
     try:
         import transformers
-        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     except ImportError as e:
         raise MissingExtra("the tiny vision-language model", "vlm", e) from e
     from transformers import (
@@ -84,12 +63,6 @@ def _write(folder: str, corpus: Sequence[str], config: TinyVLMConfig) -> None:
 
     transformers.utils.logging.disable_progress_bar()
 
-    bpe = Tokenizer(models.BPE())
-    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    bpe.decoder = decoders.ByteLevel()
-    bpe.train_from_iterator(list(corpus), trainers.BpeTrainer(
-        vocab_size=config.vocab_size, special_tokens=list(SPECIAL_TOKENS),
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False))
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
                                         extra_special_tokens={"image_token": IMAGE_TOKEN})
     patches = (config.image_size // config.patch_size) ** 2

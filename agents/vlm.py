@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
-from fleetrl.agents.pretrained_base import PretrainedBase, fingerprint
+from fleetrl.agents.pretrained_base import PretrainedBase, check_model_folder, fingerprint
 from fleetrl.agents.token_offsets import token_byte_lengths, tokens_through
 from fleetrl.common.extras import MissingExtra
 
@@ -66,17 +66,16 @@ def _transformers():
     return transformers
 
 
+def architecture_of(model_path: str) -> str:
+    """The model class a local folder's config.json names."""
+    config = _transformers().AutoConfig.from_pretrained(model_path, local_files_only=True)
+    return (config.architectures or ["?"])[0]
+
+
 def load_vlm(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, Any]:
     """The model and processor in the local folder `model_path` (never the hub)."""
     transformers = _transformers()
-    if not os.path.isdir(model_path) or not os.path.isfile(os.path.join(model_path, "config.json")):
-        raise ValueError(f"--model_path={model_path}: no model there (a folder with config.json, as "
-                         f"save_pretrained writes; nothing is downloaded); or use --model_path=tiny")
-    config = transformers.AutoConfig.from_pretrained(model_path, local_files_only=True)
-    architecture = (config.architectures or ["?"])[0]
-    if architecture not in SUPPORTED:
-        raise ValueError(f"--model_path={model_path} holds a {architecture}; this agent supports "
-                         f"{', '.join(SUPPORTED)}")
+    check_model_folder(model_path, architecture_of, SUPPORTED, "this agent")
     model = transformers.AutoModelForImageTextToText.from_pretrained(model_path, local_files_only=True, dtype=dtype)
     processor = transformers.AutoProcessor.from_pretrained(model_path, local_files_only=True)
     processor.tokenizer.padding_side = "left"  # generation continues every prompt at the same position

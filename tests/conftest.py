@@ -259,3 +259,16 @@ def _write_libero_demos(path, instruction: str = "put the bowl on the plate", le
 @pytest.fixture
 def write_demo_file():
     return _write_libero_demos
+
+
+@pytest.fixture(scope="module")
+def tiny_model_cache(tmp_path_factory):
+    """FLEETRL_CACHE, where tiny models are built, set to a folder of the requesting module's
+    own for its tests, then restored."""
+    old = os.environ.get("FLEETRL_CACHE")
+    os.environ["FLEETRL_CACHE"] = str(tmp_path_factory.mktemp("models"))
+    yield os.environ["FLEETRL_CACHE"]
+    if old is None:
+        del os.environ["FLEETRL_CACHE"]
+    else:
+        os.environ["FLEETRL_CACHE"] = old

@@ -1,7 +1,6 @@
 """The point_reach Problem's flow VLA through the learner's own inference and training:
 the chain stays on the learner, an update trains what trains, a checkpoint holds that."""
 
-import os
 
 import numpy as np
 import pytest
@@ -19,15 +18,8 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _model_cache(tmp_path_factory):
+def _model_cache(tiny_model_cache):
     """Tiny models are built into a folder of this module's own, not the user's cache."""
-    old = os.environ.get("FLEETRL_CACHE")
-    os.environ["FLEETRL_CACHE"] = str(tmp_path_factory.mktemp("models"))
-    yield
-    if old is None:
-        del os.environ["FLEETRL_CACHE"]
-    else:
-        os.environ["FLEETRL_CACHE"] = old
 
 
 def point_reach(**hparams):

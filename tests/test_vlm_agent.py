@@ -23,15 +23,8 @@ CPU = torch.device("cpu")
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _model_cache(tmp_path_factory):
+def _model_cache(tiny_model_cache):
     """Tiny models are built into a folder of this module's own, not the user's cache."""
-    old = os.environ.get("FLEETRL_CACHE")
-    os.environ["FLEETRL_CACHE"] = str(tmp_path_factory.mktemp("models"))
-    yield
-    if old is None:
-        del os.environ["FLEETRL_CACHE"]
-    else:
-        os.environ["FLEETRL_CACHE"] = old
 
 
 def numberline(**hparams):
