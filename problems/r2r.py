@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import os
 import shutil
@@ -23,6 +22,7 @@ import numpy as np
 from PIL import Image
 
 from fleetrl.agents import Agent, VLNAgent
+from fleetrl.common.files import atomic_write_json
 from fleetrl.common.settings import check_choice, setting
 from fleetrl.envs.r2r import R2RData, R2REnv, Vocab, read_instructions
 from fleetrl.envs.r2r.env import REWARDS
@@ -173,8 +173,7 @@ class R2RProblem(Problem):
                             "and only PL and steps are reported; SR, SPL, nDTW and the rest need the goals (R2R's "
                             "evaluation server scores the file)", split)
             path = os.path.join(output, f"results_{split}{suffix}.json")
-            with open(path, "w") as f:
-                json.dump(results, f)
+            atomic_write_json(path, results)  # a scorer watching the folder never reads half a file
             first = mine[0]
             graph = cached_scan_graph(data.path("connectivity"), first["scan"])
             picture = os.path.join(output, f"topdown_{split}_{first['instr_id']}{suffix}.png")
