@@ -77,7 +77,8 @@ def test_a_training_learner_decays_the_rate_as_env_steps_are_served(tmp_path, lo
     assert summary.reason.startswith("total_env_steps reached")
     rates = local_run.read_scalars(tmp_path)["optim/learning_rate"]
     rate = learner.problem.config.learning_rate
-    assert len(rates) >= 3 and all(0 < r <= rate for r in rates)
+    # 0 is right for a batch trained after the budget's last env step was served.
+    assert len(rates) >= 3 and all(0 <= r <= rate for r in rates)
     assert rates[0] > 0.7 * rate and rates[-1] < 0.3 * rate, rates
     assert rates == sorted(rates, reverse=True), rates
 
