@@ -28,33 +28,31 @@ recorded chains under the current weights), `baseline`, and `flow_matching_error
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
+import shutil
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.utils.checkpoint
 from torch import nn
 from torch.utils import _pytree as pytree
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
 from fleetrl.agents.flow_sampler import FlowSample, FlowSamplerConfig, chain_log_prob, sample
-from fleetrl.agents.pretrained_base import PretrainedBase, check_model_folder, fingerprint
+from fleetrl.agents.lora import LoraSpec, add_lora, merged
+from fleetrl.agents.pretrained_base import PretrainedBase, check_model_folder, fingerprint, import_transformers
 from fleetrl.agents.vlm import architecture_of
-from fleetrl.common.extras import MissingExtra
 
 SUPPORTED = ("PaliGemmaForConditionalGeneration",)
 VALUE_POOLINGS = ("mean", "first", "last")
 
 
 def _transformers():
-    try:
-        import transformers
-    except ImportError as e:
-        raise MissingExtra("the flow-matching VLA", "vlm", e) from e
-    transformers.utils.logging.disable_progress_bar()
-    return transformers
+    return import_transformers("the flow-matching VLA")
 
 
 def load_paligemma(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, Any, tuple[float, float]]:
@@ -71,6 +69,28 @@ def load_paligemma(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, Any,
             processor = json.load(f)
         stats = (float(processor.get("image_mean", [0.5])[0]), float(processor.get("image_std", [0.5])[0]))
     return model, tokenizer, stats
+
+
+EXPORTED_WEIGHTS, EXPORTED_ARCHITECTURE = "flow_vla.pt", "flow_vla.json"
+
+
+def load_exported(directory: str, dtype: str = "float32") -> FlowVLAAgent:
+    """The policy that `FlowVLAAgent.export_pretrained` wrote to `directory`, in eval mode."""
+    path = os.path.join(directory, EXPORTED_ARCHITECTURE)
+    if not os.path.isfile(path):
+        raise ValueError(f"{directory} holds no exported flow VLA (no {EXPORTED_ARCHITECTURE})")
+    with open(path) as f:
+        architecture = json.load(f)
+    architecture["sampler"] = FlowSamplerConfig(**architecture["sampler"])
+    architecture["noise_std_range"] = tuple(architecture["noise_std_range"])
+    agent = FlowVLAAgent(directory, dtype=dtype, **architecture)
+    weights = torch.load(os.path.join(directory, EXPORTED_WEIGHTS), weights_only=True)
+    missing, unexpected = nn.Module.load_state_dict(agent, weights, strict=False)
+    missing = [k for k in missing if not k.startswith(f"{FlowVLAAgent.BASE}.") and k != "base_fingerprint"]
+    if missing or unexpected:
+        raise ValueError(f"{directory}: {EXPORTED_WEIGHTS} does not fit {EXPORTED_ARCHITECTURE}: missing {missing}, "
+                         f"unexpected {unexpected}")
+    return agent.eval()
 
 
 def time_embedding(t: torch.Tensor, width: int, min_period: float = 4e-3, max_period: float = 4.0) -> torch.Tensor:
@@ -106,12 +126,25 @@ class FlowVLAAgent(PretrainedBase, Agent):
                  value_pooling: str = "mean", value_hidden: Sequence[int] = (512, 256, 128),
                  value_backprop: bool = False, train_vision: bool = False, train_prefix: bool = False,
                  stochastic_eval: bool = False, reuse_prefix_cache: bool = True, max_language_tokens: int = 64,
-                 dtype: str = "float32"):
+                 dtype: str = "float32", lora: LoraSpec | None = None, lora_expert: bool = False,
+                 gradient_checkpointing: bool = False):
         super().__init__()
+        # What an exported folder needs to build this agent again (`load_exported`).
+        self.architecture = dict(action_dim=action_dim, chunk_size=chunk_size, state_dim=state_dim,
+                                 action_width=action_width, image_keys=list(image_keys), state_key=state_key,
+                                 language_key=language_key, oracle_key=oracle_key,
+                                 sampler=dataclasses.asdict(sampler), expert_width=expert_width,
+                                 noise_std_range=list(noise_std_range), value_pooling=value_pooling,
+                                 value_hidden=list(value_hidden), max_language_tokens=max_language_tokens)
         if not 1 <= action_dim <= action_width:
             raise ValueError(f"action_dim {action_dim} must be in [1, action_width={action_width}]")
         if value_pooling not in VALUE_POOLINGS:
             raise ValueError(f"unknown value_pooling {value_pooling!r}; choose from {VALUE_POOLINGS}")
+        if lora is not None and train_prefix:
+            raise ValueError("lora_rank > 0 trains the prefix's language model through adapters; "
+                             "train_prefix (its full fine-tuning) must be false with it")
+        if lora_expert and lora is None:
+            raise ValueError("lora_expert needs lora_rank > 0")
         transformers = _transformers()
         self.model_path, self.action_dim, self.chunk_size, self.action_width = (model_path, action_dim, chunk_size,
                                                                               action_width)
@@ -120,7 +153,7 @@ class FlowVLAAgent(PretrainedBase, Agent):
         self.sampler, self.noise_std_range = sampler, noise_std_range
         self.value_pooling, self.value_backprop = value_pooling, value_backprop
         self.stochastic_eval, self.reuse_prefix_cache = stochastic_eval, reuse_prefix_cache
-        self.max_language_tokens = max_language_tokens
+        self.max_language_tokens, self.gradient_checkpointing = max_language_tokens, gradient_checkpointing
         self.paligemma, self.tokenizer, self.image_stats = load_paligemma(model_path, getattr(torch, dtype))
         self._cache_class = transformers.DynamicCache
         text = self.paligemma.config.text_config
@@ -132,6 +165,10 @@ class FlowVLAAgent(PretrainedBase, Agent):
         for module in (self.paligemma.model.vision_tower, self.paligemma.model.multi_modal_projector):
             for parameter in module.parameters():
                 parameter.requires_grad_(train_vision)
+        if lora is not None:
+            add_lora(self.paligemma.model.language_model, lora)
+        if gradient_checkpointing:  # the vision tower keeps no cache: transformers' own checkpointing serves it
+            self.paligemma.model.vision_tower.activation_checkpointing_enable()
         width = text.hidden_size
         expert_width = expert_width or width // 2  # pi0: 1024 beside Gemma-2B's 2048
         self.state_token = nn.Linear(state_dim, width)
@@ -144,6 +181,8 @@ class FlowVLAAgent(PretrainedBase, Agent):
             initializer_range=text.initializer_range)  # a fresh expert starts at its prefix's scale
         self.expert = transformers.GemmaModel(self.expert_config).to(getattr(torch, dtype))
         self.expert.embed_tokens.requires_grad_(False)  # it reads embeddings, never token ids
+        if lora_expert:  # an expert that came trained (a warm start's, pi0's) keeps its weights
+            add_lora(self.expert, lora)
         self.action_in = nn.Linear(action_width, expert_width)
         self.time_mlp = nn.Sequential(nn.Linear(2 * expert_width, expert_width), nn.SiLU(),
                                       nn.Linear(expert_width, expert_width))
@@ -158,6 +197,26 @@ class FlowVLAAgent(PretrainedBase, Agent):
         self.register_buffer("action_mask", (torch.arange(action_width) < action_dim).float(), persistent=False)
         self.register_buffer("base_fingerprint", fingerprint(model_path))
         self.remember_what_trains()
+
+    # ----- export -----
+
+    def export_pretrained(self, directory: str) -> None:
+        """Writes the fine-tuned policy as a folder: the prefix (LoRA merged) as a PaliGemma
+        folder that `from_pretrained` loads, with its tokenizer; beside it `flow_vla.pt`, the
+        expert (merged) and the heads, and `flow_vla.json`, the architecture.
+        `load_exported(directory)` builds the same policy from it."""
+        merged(self.paligemma).save_pretrained(directory)
+        self.tokenizer.save_pretrained(directory)
+        processor = os.path.join(self.model_path, "preprocessor_config.json")
+        if os.path.isfile(processor):
+            shutil.copy(processor, directory)
+        weights = {f"expert.{k}": v for k, v in merged(self.expert).state_dict().items()}
+        for name, module in self.named_children():
+            if name not in (self.BASE, "expert") and module is not None:
+                weights.update({f"{name}.{k}": v for k, v in module.state_dict().items()})
+        torch.save(weights, os.path.join(directory, EXPORTED_WEIGHTS))
+        with open(os.path.join(directory, EXPORTED_ARCHITECTURE), "w") as f:
+            json.dump(self.architecture, f, indent=1)
 
     # ----- the prefix -----
 
@@ -192,10 +251,30 @@ class FlowVLAAgent(PretrainedBase, Agent):
                           torch.ones(n, 1, dtype=torch.bool, device=device)], dim=1)
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         full = mask[:, None, None, :].expand(n, 1, mask.shape[1], mask.shape[1])  # full attention inside
-        cache = self._cache_class(config=self.paligemma.config.text_config)
-        out = self.paligemma.model.language_model(inputs_embeds=embeds, attention_mask=full, position_ids=positions,
-                                                  cache=cache, use_cache=True)
-        return Prefix(cache, mask, out.last_hidden_state)
+        config = self.paligemma.config.text_config
+
+        def run(embeds: torch.Tensor) -> tuple[torch.Tensor, ...]:
+            cache = self._cache_class(config=config)
+            out = self.paligemma.model.language_model(inputs_embeds=embeds, attention_mask=full,
+                                                      position_ids=positions, cache=cache, use_cache=True)
+            return (out.last_hidden_state, *(layer.keys for layer in cache.layers),
+                    *(layer.values for layer in cache.layers))
+
+        # Checkpointed, the prefix keeps only its outputs for the backward pass; the cache
+        # is built from them outside, so the recomputation never writes it twice.
+        hidden, *keys_values = self._checkpointed(run, embeds)
+        cache = self._cache_class(config=config)
+        layers = len(keys_values) // 2
+        for i in range(layers):
+            cache.update(keys_values[i], keys_values[layers + i], i)
+        return Prefix(cache, mask, hidden)
+
+    def _checkpointed(self, function, *args):
+        """function(*args), its activations recomputed in the backward pass under
+        `gradient_checkpointing` when training."""
+        if self.gradient_checkpointing and self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)
+        return function(*args)
 
     # ----- the expert -----
 
@@ -204,6 +283,12 @@ class FlowVLAAgent(PretrainedBase, Agent):
         """v(x_t, t) [M, H, A] for the prefix rows `rows`, and the noise head's std (flow_noise).
         With `reuse_prefix_cache` off, the prefix is computed again from `observation` (the
         naive path, for the bench and the test that the cache changes nothing)."""
+        # The expert writes its suffix into the prefix's cache and crops it again, so a
+        # recomputation finds the cache as the first pass did.
+        return self._checkpointed(lambda x, t: self._velocity(prefix, x, t, rows, observation), x, t)
+
+    def _velocity(self, prefix: Prefix, x: torch.Tensor, t: torch.Tensor, rows: torch.Tensor,
+                  observation: Observation | None) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not self.reuse_prefix_cache and observation is not None:
             prefix = self.prefix(pytree.tree_map(lambda v: v[rows], observation))
             rows = torch.arange(len(rows), device=rows.device)

@@ -18,6 +18,19 @@ from typing import ClassVar
 
 import torch
 
+from fleetrl.common.extras import MissingExtra
+
+
+def import_transformers(what: str):
+    """transformers, its progress bars off; a MissingExtra naming `what` (and the vlm extra)
+    when it is not installed."""
+    try:
+        import transformers
+    except ImportError as e:
+        raise MissingExtra(what, "vlm", e) from e
+    transformers.utils.logging.disable_progress_bar()
+    return transformers
+
 
 def check_model_folder(model_path: str, architecture_of: Callable[[str], str], supported: Sequence[str],
                        what: str) -> None:

@@ -46,7 +46,7 @@ import torch
 from torch import nn
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
-from fleetrl.agents.pretrained_base import PretrainedBase, check_model_folder, fingerprint
+from fleetrl.agents.pretrained_base import PretrainedBase, check_model_folder, fingerprint, import_transformers
 from fleetrl.agents.token_offsets import token_byte_lengths, tokens_through
 from fleetrl.common.extras import MissingExtra
 
@@ -58,12 +58,7 @@ SUPPORTED = ("LlavaForConditionalGeneration", "LlavaNextForConditionalGeneration
 
 
 def _transformers():
-    try:
-        import transformers
-    except ImportError as e:
-        raise MissingExtra("a vision-language agent", "vlm", e) from e
-    transformers.utils.logging.disable_progress_bar()
-    return transformers
+    return import_transformers("a vision-language agent")
 
 
 def architecture_of(model_path: str) -> str:

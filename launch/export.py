@@ -7,7 +7,9 @@ The file holds the agent's state_dict under "model" plus "problem", "hparams" an
     agent.load_state_dict(w["model"])
 
 For a vision-language agent, `--pretrained_dir=DIR` also writes the fine-tuned model as a
-folder that `AutoModelForImageTextToText.from_pretrained(DIR)` loads, LoRA merged in.
+folder that `AutoModelForImageTextToText.from_pretrained(DIR)` loads, LoRA merged in. For a
+flow-matching VLA, DIR is the prefix as a PaliGemma folder (LoRA merged) with the expert
+and heads beside it; `fleetrl.agents.flow_vla.load_exported(DIR)` builds the policy again.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ def main(argv: list[str]) -> int:
         return 2
     print(f"exported {exported['problem']} at policy version {exported['policy_version']:,} to {config.output}")
     if config.pretrained_dir:
-        print(f"wrote the merged model to {config.pretrained_dir} (from_pretrained loads it)")
+        print(f"wrote the merged model to {config.pretrained_dir}")
     return 0
 
 

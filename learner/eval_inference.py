@@ -36,6 +36,7 @@ class EvalInference:
         self.store = store
         self.transfer = DeviceTransfer(device, transfer)
         self.env_steps = 0
+        self.sent = tuple(spec.name for spec in problem.action_specs())  # what actors get of an action
 
     def __call__(self, requests: Sequence[EvalRequest]) -> list[dict[str, np.ndarray]]:
         replies: list[dict[str, np.ndarray]] = [{} for _ in requests]
@@ -62,4 +63,4 @@ class EvalInference:
         self.store.end_step(step.slots, step.run_ids, None, state, new_state, actions,
                             step.terminated | step.truncated)
         self.env_steps += int((~first).sum())
-        return {spec.name: actions[spec.name].numpy() for spec in self.problem.action_specs()}
+        return {name: actions[name].numpy() for name in self.sent}

@@ -26,6 +26,7 @@ import torch
 from fleetrl.agents.base import AgentOutput, Observation
 from fleetrl.agents.flow_sampler import METHODS, STOCHASTIC_STEPS, FlowSamplerConfig
 from fleetrl.agents.flow_vla import VALUE_POOLINGS, FlowVLAAgent
+from fleetrl.agents.lora import LoraSpec
 from fleetrl.agents.tiny_paligemma import build_tiny_paligemma
 from fleetrl.common.settings import check_choice, check_range, setting
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING
@@ -64,6 +65,16 @@ class FlowVLAConfig(ProblemConfig):
     train_prefix: bool = setting(False, "Train the prefix's language model (RLinf trains the expert alone).")
     max_language_tokens: int = setting(64, "Instructions are cut to this many tokens.")
     dtype: str = setting("float32", "The model's dtype: float32, or bfloat16 (or float16) on a GPU.")
+    lora_rank: int = setting(0, "Above 0: LoRA adapters of this rank train the prefix's language model (its own "
+                                "weights frozen; train_prefix must be false); 0: no adapters.")
+    lora_alpha: float = setting(16.0, "LoRA alpha.")
+    lora_dropout: float = setting(0.0, "LoRA dropout (0 keeps acting and training on one distribution).")
+    lora_target_modules: tuple[str, ...] = setting(("q_proj", "k_proj", "v_proj", "o_proj"),
+                                                   "The layers LoRA adapts, by name.")
+    lora_expert: bool = setting(False, "Adapt the action expert with LoRA too, its own weights frozen (for an "
+                                       "expert that comes trained); false: the expert trains whole.")
+    gradient_checkpointing: bool = setting(False, "Recompute the vision tower's, the prefix's and the expert's "
+                                                  "activations in the backward pass: less memory, more compute.")
     algorithm: str = "ppo"
     chunk_size: int = 5
     learning_rate: float = 3e-4
@@ -82,6 +93,15 @@ class FlowVLAConfig(ProblemConfig):
         check_range("expert_width", self.expert_width, low=0)
         check_range("noise_std_min", self.noise_std_min, low=0, low_open=True)
         check_range("noise_std_max", self.noise_std_max, low=self.noise_std_min)
+        check_range("lora_rank", self.lora_rank, low=0)
+        if self.lora_rank > 0 and self.train_prefix:
+            raise ValueError("lora_rank > 0 trains the prefix through adapters: set train_prefix=false with it")
+        if self.lora_expert and self.lora_rank == 0:
+            raise ValueError("lora_expert needs lora_rank > 0")
+
+    def lora(self) -> LoraSpec | None:
+        return (LoraSpec(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_target_modules)
+                if self.lora_rank > 0 else None)
 
     def sampler(self) -> FlowSamplerConfig:
         return FlowSamplerConfig(denoise_steps=self.denoise_steps, noise_method=self.noise_method,
@@ -118,7 +138,8 @@ class FlowVLAProblem(Problem):
             expert_width=c.expert_width or None, noise_std_range=(c.noise_std_min, c.noise_std_max),
             value_pooling=c.value_pooling, value_hidden=c.value_hidden, value_backprop=c.value_backprop,
             train_vision=c.train_vision, train_prefix=c.train_prefix, stochastic_eval=c.stochastic_eval,
-            max_language_tokens=c.max_language_tokens, dtype=c.dtype)
+            max_language_tokens=c.max_language_tokens, dtype=c.dtype, lora=c.lora(), lora_expert=c.lora_expert,
+            gradient_checkpointing=c.gradient_checkpointing)
         return agent
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:

@@ -9,6 +9,7 @@ pytest.importorskip("transformers", reason="the vlm extra (make install puts it 
 
 from fleetrl.agents.flow_sampler import FlowSamplerConfig  # noqa: E402
 from fleetrl.agents.flow_vla import FlowVLAAgent  # noqa: E402
+from fleetrl.agents.lora import LoraSpec  # noqa: E402
 from fleetrl.agents.tiny_paligemma import build_tiny_paligemma  # noqa: E402
 from fleetrl.envs.point_reach import COLOURS, PointReachEnv  # noqa: E402
 
@@ -133,3 +134,72 @@ def test_the_prefix_must_be_a_paligemma_in_a_local_folder(model_path, tmp_path):
         make_agent(str(tmp_path / "nothing"))
     with pytest.raises(ValueError, match="action_dim 9"):
         make_agent(model_path, action_dim=9)
+
+
+def training_loss(agent, seeds=(0, 1, 2)) -> torch.Tensor:
+    """A loss on real chains and the oracle's chunks: the recorded chains' log-prob, the
+    flow-matching error and the value, as PPO and teacher forcing read them."""
+    obs = observations(seeds)
+    with torch.no_grad():
+        out, _ = agent.step(obs, torch.ones(len(seeds), dtype=torch.bool), ())
+    unroll_obs = {k: v.unsqueeze(0) for k, v in obs.items()}
+    torch.manual_seed(1)  # the flow-matching error's t and noise
+    trained, _ = agent.unroll(unroll_obs, torch.zeros(1, len(seeds), dtype=torch.bool), (),
+                              {"chain": out["chain"].unsqueeze(0), "stochastic": out["stochastic"].unsqueeze(0)})
+    return (trained["chain_log_prob"].sum() + trained["flow_matching_error"].sum()
+            + trained["baseline"].square().sum())
+
+
+def test_gradient_checkpointing_gives_the_same_gradients(model_path):
+    grads, forwards = [], []
+    for checkpointing in (False, True):
+        agent = make_agent(model_path, train_prefix=True, train_vision=True, value_backprop=True,
+                           gradient_checkpointing=checkpointing)
+        calls = []
+        for part in (agent.expert, agent.paligemma.model.language_model, agent.paligemma.model.vision_tower):
+            part.register_forward_hook(lambda module, args, out: calls.append(module))
+        torch.manual_seed(0)
+        loss = training_loss(agent)
+        before_backward = len(calls)
+        loss.backward()
+        forwards.append(len(calls) - before_backward)  # recomputations in the backward pass
+        grads.append({n: p.grad.clone() for n, p in agent.named_parameters() if p.grad is not None})
+    assert forwards[0] == 0 and forwards[1] > 0, forwards
+    assert set(grads[0]) == set(grads[1])
+    assert any(n.startswith("paligemma.model.language_model.") for n in grads[0])
+    assert any(n.startswith("paligemma.model.vision_tower.") for n in grads[0])
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_lora_trains_adapters_alone_and_the_checkpoint_holds_them(model_path):
+    agent = make_agent(model_path, lora=LoraSpec(rank=4), lora_expert=True)
+    trainable = {n for n, p in agent.named_parameters() if p.requires_grad}
+    prefix_lm = "paligemma.model.language_model."
+    assert {n for n in trainable if n.startswith(prefix_lm)} and all(
+        "lora_" in n for n in trainable if n.startswith(prefix_lm) or n.startswith("expert."))
+    assert any(n.startswith("expert.") and "lora_" in n for n in trainable)
+    before = {n: p.detach().clone() for n, p in agent.named_parameters()}
+    optimizer = torch.optim.SGD([p for p in agent.parameters() if p.requires_grad], lr=0.1)
+    torch.manual_seed(0)
+    training_loss(agent).backward()
+    optimizer.step()
+    changed = {n for n, p in agent.named_parameters() if not torch.equal(before[n], p)}
+    assert changed and changed <= trainable
+    assert any("lora_B" in n and n.startswith(prefix_lm) for n in changed)
+    saved = agent.state_dict()
+    # Adapters and everything outside the prefix (the expert's frozen weights too: they are
+    # not a pretrained file's); never the prefix's own weights.
+    assert not any(n.startswith("paligemma.") and "lora_" not in n for n in saved)
+    assert any(n.startswith("expert.") and n.endswith("base_layer.weight") for n in saved)
+    fresh = make_agent(model_path, lora=LoraSpec(rank=4), lora_expert=True)
+    fresh.load_state_dict(saved)
+    agent.eval(), fresh.eval()
+    obs = observations([5, 6])
+    noise = torch.randn(2, CHUNK, WIDTH)
+    with torch.no_grad():
+        a = agent.sample_chunks(agent.prefix(obs), obs, noise=noise).actions
+        b = fresh.sample_chunks(fresh.prefix(obs), obs, noise=noise).actions
+    torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="train_prefix"):
+        make_agent(model_path, lora=LoraSpec(rank=4), train_prefix=True)

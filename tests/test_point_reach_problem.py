@@ -121,3 +121,48 @@ def test_teacher_forced_steps_play_the_oracles_chunk_and_train_on_it():
     trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(), CPU)
     losses = [float(trainer.update(batch)["loss/teacher_forcing"]) for _ in range(30)]
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5]), losses
+
+
+@pytest.mark.parametrize("hparams", [{"lora_rank": 4, "lora_expert": "true", "train_prefix": "false"}, {}])
+def test_export_writes_a_folder_that_plays_the_same_chunks(tmp_path, python, hparams):
+    """launch.export --pretrained_dir on a checkpoint: the prefix loads with from_pretrained
+    (LoRA merged, no adapter left) and load_exported plays the same chunks for the same noise."""
+    import os
+    import subprocess
+
+    import transformers
+
+    from fleetrl.agents.flow_vla import load_exported
+    from fleetrl.learner.checkpoint import CHECKPOINT_FORMAT, atomic_save
+
+    problem = point_reach(**hparams)
+    torch.manual_seed(0)
+    agent = problem.make_agent()
+    with torch.no_grad():  # as if trained: adapters that change the prefix's and the expert's outputs
+        for parameter in agent.parameters():
+            if parameter.requires_grad:
+                parameter.add_(0.05 * torch.randn_like(parameter))
+    checkpoint = tmp_path / "ckpt-1.pt"
+    atomic_save({"format": CHECKPOINT_FORMAT, "problem": problem.name,
+                 "hparams": {k: str(v) for k, v in {"action_width": 8, "value_hidden": "[32]", **hparams}.items()},
+                 "policy_version": 1, "model": agent.state_dict()}, str(checkpoint))
+    exported = tmp_path / "policy"
+    result = subprocess.run([python, "-m", "fleetrl.launch.export", f"--checkpoint={checkpoint}",
+                             f"--output={tmp_path / 'model.pt'}", f"--pretrained_dir={exported}"],
+                            capture_output=True, text=True, env={**os.environ})
+    assert result.returncode == 0, result.stderr
+    prefix = transformers.PaliGemmaForConditionalGeneration.from_pretrained(exported, local_files_only=True)
+    assert not any("lora" in name for name in prefix.state_dict())
+    loaded = load_exported(str(exported))
+    assert not any("lora" in name for name in loaded.state_dict())
+    agent.eval()
+    env = problem.make_env()
+    obs = [env.reset(seed=s)[0] for s in range(3)]
+    batch = {k: torch.from_numpy(np.stack([o[k] for o in obs])) for k in obs[0]}
+    noise = torch.randn(3, 4, 8)
+    with torch.no_grad():
+        ours = agent.sample_chunks(agent.prefix(batch), batch, noise=noise)
+        theirs = loaded.sample_chunks(loaded.prefix(batch), batch, noise=noise)
+        torch.testing.assert_close(theirs.actions, ours.actions, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(loaded.value(loaded.prefix(batch)), agent.value(agent.prefix(batch)),
+                                   atol=1e-5, rtol=1e-5)
