@@ -16,7 +16,9 @@ Observation:
 
 The expert heads for the named target, or, in a share `1 - expert_accuracy` of episodes
 (drawn at reset), for another one: a noisy demonstrator, like the gym_cards solvers'
-`solver_accuracy`. `layout="random"` places the targets anywhere (at least 0.55 apart);
+`solver_accuracy`. With `expert_heading_error` (degrees) it steers off its goal by an angle
+drawn at reset, uniform in +-that: it curves in (each step aims again, turned by the same
+angle) and takes longer, so a tight `max_episode_steps` makes it fail in some episodes. `layout="random"` places the targets anywhere (at least 0.55 apart);
 `"slots"` puts them at fixed places on a circle and draws only their colours and the
 start, an easier task for a small model to learn from pixels. Registered as
 `fleetrl/PointReach-v0`. It steps in numpy (the background is drawn once per episode);
@@ -42,7 +44,8 @@ class PointReachEnv(gym.Env):
 
     def __init__(self, image_size: int = 32, num_targets: int = 3, step_size: float = 0.15,
                  max_episode_steps: int = 30, oracle_chunk: int = 0, expert_accuracy: float = 1.0,
-                 text_bytes: int = 32, layout: str = "random", render_mode: str | None = None):
+                 text_bytes: int = 32, layout: str = "random", expert_heading_error: float = 0.0,
+                 render_mode: str | None = None):
         if not 1 <= num_targets <= len(COLOURS):
             raise ValueError(f"num_targets must be in [1, {len(COLOURS)}], got {num_targets}")
         if not 0.0 <= expert_accuracy <= 1.0:
@@ -55,6 +58,10 @@ class PointReachEnv(gym.Env):
         self.max_episode_steps, self.oracle_chunk = max_episode_steps, oracle_chunk
         self.expert_accuracy, self.text_bytes, self.render_mode = expert_accuracy, text_bytes, render_mode
         self.layout = layout
+        if not 0.0 <= expert_heading_error < 90.0:
+            raise ValueError(f"expert_heading_error must be in [0, 90) degrees, got {expert_heading_error}")
+        self.expert_heading_error = expert_heading_error
+        self._expert_turn = np.eye(2)
         spaces = {"image": gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8),
                   "state": gym.spaces.Box(-1, 1, (2,), np.float32),
                   "language": gym.spaces.Box(0, 255, (text_bytes,), np.uint8)}
@@ -82,6 +89,8 @@ class PointReachEnv(gym.Env):
         self._expert_goal = self._goal
         if self.num_targets > 1 and rng.random() >= self.expert_accuracy:
             self._expert_goal = int((self._goal + rng.integers(1, self.num_targets)) % self.num_targets)
+        angle = np.radians(rng.uniform(-self.expert_heading_error, self.expert_heading_error))
+        self._expert_turn = np.array([[np.cos(angle), -np.sin(angle)], [np.sin(angle), np.cos(angle)]])
         self._steps = 0
         self._background = self._draw_background()
         text = f"go to the {self._colours[self._goal]} target".encode()[: self.text_bytes]
@@ -113,7 +122,7 @@ class PointReachEnv(gym.Env):
         position, goal = self._position.copy(), self._targets[self._expert_goal]
         actions = np.zeros((count, 2), np.float32)
         for i in range(count):
-            move = (goal - position) / self.step_size
+            move = self._expert_turn @ ((goal - position) / self.step_size)
             move /= max(1.0, float(np.linalg.norm(move)))
             actions[i] = move
             position = np.clip(position + self.step_size * move, -1, 1)

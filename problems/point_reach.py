@@ -31,6 +31,9 @@ class PointReachConfig(FlowVLAConfig):
     max_episode_steps: int = setting(30, "Env steps (actions) before truncation.")
     expert_accuracy: float = setting(1.0, "The share of episodes in which the scripted expert (the oracle) heads "
                                           "for the named target; in the others it heads for another one.")
+    expert_heading_error: float = setting(0.0, "The scripted expert steers off its goal by an angle drawn each "
+                                               "episode, uniform in +-this many degrees: it curves in and takes "
+                                               "longer, a noisy demonstrator that a tight max_episode_steps fails.")
     chunk_size: int = 4
     # The tiny random prefix has nothing to offer frozen: it learns with the rest.
     train_prefix: bool = True
@@ -42,6 +45,7 @@ class PointReachConfig(FlowVLAConfig):
         check_range("expert_accuracy", self.expert_accuracy, low=0, high=1)
         check_range("num_targets", self.num_targets, low=1, high=len(COLOURS))
         check_choice("layout", self.layout, LAYOUTS)
+        check_range("expert_heading_error", self.expert_heading_error, low=0, high=90, high_open=True)
 
 
 class PointReachProblem(FlowVLAProblem):
@@ -52,7 +56,8 @@ class PointReachProblem(FlowVLAProblem):
         c = self.config
         return PointReachEnv(image_size=c.image_size, num_targets=c.num_targets, max_episode_steps=c.max_episode_steps,
                              oracle_chunk=c.chunk_size if c.teacher_forcing_fraction > 0 else 0,
-                             expert_accuracy=c.expert_accuracy, layout=c.layout)
+                             expert_accuracy=c.expert_accuracy, layout=c.layout,
+                             expert_heading_error=c.expert_heading_error)
 
     def corpus(self) -> list[str]:
         return [f"go to the {colour} target" for colour in COLOURS]
