@@ -299,7 +299,9 @@ class FlowVLAAgent(PretrainedBase, Agent):
         width = self.expert_config.hidden_size
         actions = self.action_in((x * self.action_mask).to(self.action_in.weight.dtype))
         times = time_embedding(t, width).to(actions.dtype).unsqueeze(1).expand(-1, h, -1)
-        suffix = self.time_mlp(torch.cat([actions, times], dim=-1))
+        # The small layers around the expert stay in float32 (the log-probs' precision); the
+        # expert and the prefix run in the model's dtype.
+        suffix = self.time_mlp(torch.cat([actions, times], dim=-1)).to(self.expert.dtype)
         prefix_mask = prefix.mask[rows]
         mask = torch.cat([prefix_mask[:, None, None, :].expand(-1, 1, h, -1),
                           torch.ones(len(rows), 1, h, h, dtype=torch.bool, device=x.device)], dim=-1)
@@ -310,6 +312,7 @@ class FlowVLAAgent(PretrainedBase, Agent):
         finally:
             if same_rows:
                 cache.crop(-h)  # the prefix's cache again, for the next denoise step
+        out = out.to(self.action_out.weight.dtype)
         v = self.action_out(out).float() * self.action_mask
         std = None
         if self.noise_head is not None:

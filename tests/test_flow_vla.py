@@ -203,3 +203,20 @@ def test_lora_trains_adapters_alone_and_the_checkpoint_holds_them(model_path):
     torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="train_prefix"):
         make_agent(model_path, lora=LoraSpec(rank=4), train_prefix=True)
+
+
+def test_a_bfloat16_model_acts_and_trains_with_float32_log_probs(model_path):
+    """The prefix and the expert in bfloat16 (as on a GPU); the layers around the expert, the
+    log-probs and the value stay float32."""
+    agent = make_agent(model_path, dtype="bfloat16")
+    assert agent.expert.dtype == torch.bfloat16 and agent.paligemma.dtype == torch.bfloat16
+    obs = observations([0, 1])
+    with torch.no_grad():
+        out, _ = agent.step(obs, torch.ones(2, dtype=torch.bool), ())
+    assert out["log_prob"].dtype == torch.float32 and out["baseline"].dtype == torch.float32
+    assert torch.isfinite(out["actions"]).all() and (out["log_prob"] != 0).all()
+    torch.manual_seed(0)
+    training_loss(agent, seeds=(0, 1)).backward()
+    expert_grads = [p.grad for n, p in agent.named_parameters() if n.startswith("expert.") and p.grad is not None]
+    assert expert_grads and all(torch.isfinite(g).all() for g in expert_grads)
+    assert any(g.abs().sum() > 0 for g in expert_grads)
