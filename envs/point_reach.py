@@ -18,11 +18,12 @@ The expert heads for the named target, or, in a share `1 - expert_accuracy` of e
 (drawn at reset), for another one: a noisy demonstrator, like the gym_cards solvers'
 `solver_accuracy`. With `expert_heading_error` (degrees) it steers off its goal by an angle
 drawn at reset, uniform in +-that: it curves in (each step aims again, turned by the same
-angle) and takes longer, so a tight `max_episode_steps` makes it fail in some episodes. `layout="random"` places the targets anywhere (at least 0.55 apart);
-`"slots"` puts them at fixed places on a circle and draws only their colours and the
-start, an easier task for a small model to learn from pixels. Registered as
-`fleetrl/PointReach-v0`. It steps in numpy (the background is drawn once per episode);
-`bench/flow_vla.py` prints its steps/s.
+angle) and takes longer, so a tight `max_episode_steps` makes it fail in some episodes.
+
+`layout="random"` places the targets anywhere (at least 0.55 apart); `"slots"` puts them
+at fixed places on a circle and draws only their colours and the start, an easier task for
+a small model to learn from pixels. Registered as `fleetrl/PointReach-v0`. It steps in
+numpy (the background is drawn once per episode); `bench/flow_vla.py` prints its steps/s.
 """
 
 from __future__ import annotations
