@@ -30,6 +30,27 @@ def test_a_noisy_expert_heads_for_another_target_in_its_share_of_episodes():
     assert 0.55 < success < 0.65, success
 
 
+def test_an_expert_that_steers_off_curves_in_and_fails_a_tight_time_limit_more_often():
+    def rate(error, limit):
+        env = PointReachEnv(oracle_chunk=4, num_targets=1, layout="slots", expert_heading_error=error,
+                            max_episode_steps=limit)
+        return np.mean([play_expert(env, seed, chunk=4)[0] for seed in range(300)])
+
+    assert rate(0, 10) == 1.0
+    tight = rate(75, 10)
+    assert 0.45 < tight < 0.7  # measured 0.56
+    assert rate(75, 60) > tight + 0.1  # given time, it curves in more often (a wall stops some spirals)
+    env = PointReachEnv(oracle_chunk=1, num_targets=1, expert_heading_error=75)
+    obs, _ = env.reset(seed=3)
+    target, position = env.unwrapped._targets[0], obs["state"]
+    cosine = obs["oracle_action"][0] @ (target - position) / np.linalg.norm(obs["oracle_action"][0]) / np.linalg.norm(
+        target - position)
+    turn = np.degrees(np.arccos(np.clip(cosine, -1, 1)))
+    assert 0 < turn <= 75
+    with pytest.raises(ValueError, match="expert_heading_error"):
+        PointReachEnv(expert_heading_error=90)
+
+
 def test_the_instruction_names_the_goals_colour_and_the_image_shows_the_targets():
     env = PointReachEnv(image_size=48)
     for seed in range(20):
