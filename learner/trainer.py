@@ -8,6 +8,10 @@ sees one whole version of the weights, and the version it records with each step
 This keeps one copy of the weights (large models fit) and makes the trainer's critical
 section as short as an optimizer step.
 
+With learner ranks (`data_parallel`), each optimizer step averages the gradients over the
+ranks first, and a target_kl stop reads the ranks' mean KL, so every rank takes the same
+steps and keeps the same weights.
+
 With `block_inference_on_training` the trainer instead holds the lock for its whole update
 (every epoch and minibatch), as SEED RL's option of that name does: no action is chosen
 by a policy that is half-way through an update, at the cost of idle actors meanwhile.
@@ -21,6 +25,7 @@ import dataclasses
 import torch
 
 from fleetrl.agents.base import Agent
+from fleetrl.learner.data_parallel import DataParallel
 from fleetrl.learner.inference import PolicyVersion
 from fleetrl.learner.state_trust_region import StateTrustRegion
 from fleetrl.losses.batch import UnrollBatch
@@ -39,7 +44,7 @@ class Step:
 class Trainer:
     def __init__(self, problem: Problem, agent: Agent, optimizer: torch.optim.Optimizer,
                  policy: PolicyVersion, device: torch.device, block_inference_on_training: bool = False,
-                 seed: int = 0):
+                 seed: int = 0, data_parallel: DataParallel | None = None):
         self.problem = problem
         self.agent = agent
         self.optimizer = optimizer
@@ -54,7 +59,11 @@ class Trainer:
         # Agents that keep no input statistics skip the hook, and the lock it takes, each batch.
         self._keeps_statistics = type(agent).update_statistics is not Agent.update_statistics
         self._parameters = list(agent.parameters())  # walking the module tree each step costs more than the clip
+        self.data_parallel = data_parallel  # learner ranks: gradients and early stops agreed across them
         max_state_kl = problem.config.max_state_kl
+        if max_state_kl is not None and data_parallel is not None and data_parallel.world_size > 1:
+            raise ValueError("max_state_kl shortens each rank's step by its own states' KL, which would part the "
+                             "ranks' weights: it runs with one learner rank only")
         self.trust_region = None if max_state_kl is None else StateTrustRegion(agent, self._parameters, max_state_kl)
         # In updates (one batch's epochs x minibatches optimizer steps): how much older the
         # policy that acted is than the one being trained, averaged over the batch's steps.
@@ -137,10 +146,15 @@ class Trainer:
                 summaries[name] = summaries.get(name, 0.0) + float(value) / parts
             if result.approx_kl is not None:
                 approx_kl = (approx_kl or 0.0) + float(result.approx_kl) / parts
+        if self.data_parallel is not None:  # every rank decides on the same KL and steps on the same gradient
+            if approx_kl is not None:
+                approx_kl = self.data_parallel.mean(approx_kl)
         target_kl = self.problem.config.target_kl
         stopped_early = None if target_kl is None or approx_kl is None else approx_kl > 1.5 * target_kl
         if stopped_early:  # this batch has moved the policy far enough: no step on it (SB3's check, before the step)
             return Step(summaries, ends_batch=True, stopped_early=True)
+        if self.data_parallel is not None:
+            self.data_parallel.average_gradients(self._parameters)
         grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.problem.config.max_grad_norm)
         before_step = self.trust_region.weights() if self.trust_region else None
         shortening = None

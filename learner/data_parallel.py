@@ -1,0 +1,108 @@
+"""Data-parallel learner ranks over torch.distributed: the same weights on every rank.
+
+Each rank is a whole learner (its own actors, inference and unrolls). What they share goes
+through one process group (gloo on CPU, NCCL on GPU):
+
+- at the start, rank 0's weights are broadcast, so every rank starts from the same ones
+  (a resume loads rank 0's checkpoint on every rank: the same weights and optimizer state,
+  whatever the world size that wrote it);
+- after each backward pass, the gradients are averaged over the ranks in one flat bucket
+  (the all-reduce that DDP does; done here because an agent's training entry point is
+  `unroll`, not `forward`), so every rank takes the same optimizer step;
+- once per batch, the ranks agree on whether to stop and add up their counters
+  (`exchange`), so the learning-rate schedule and the step budget see the whole fleet.
+
+Ranks train in lockstep: a rank whose actors are slow holds every other rank at its next
+collective. A rank that dies or hangs makes the others' next collective fail after
+`timeout_s` (a RuntimeError naming the collective), not hang.
+
+torchrun's environment (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT) configures it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+from collections.abc import Iterable, Mapping, Sequence
+
+import torch
+import torch.distributed as dist
+
+
+@dataclasses.dataclass(frozen=True)
+class RankEnv:
+    rank: int
+    world_size: int
+
+    @classmethod
+    def from_environment(cls) -> RankEnv:
+        """torchrun's RANK and WORLD_SIZE; one rank of one when they are unset."""
+        try:
+            return cls(int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1")))
+        except ValueError as e:
+            raise ValueError(f"RANK and WORLD_SIZE must be integers: {e}") from e
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+class DataParallel:
+    def __init__(self, rank: int, world_size: int, device: torch.device, timeout_s: float = 300.0,
+                 init_method: str = "env://"):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
+        self.rank, self.world_size, self.device = rank, world_size, device
+        if not dist.is_initialized():
+            dist.init_process_group(backend_for(device), init_method=init_method, rank=rank, world_size=world_size,
+                                    timeout=datetime.timedelta(seconds=timeout_s))
+        self._owns_group = True
+
+    @property
+    def is_writer(self) -> bool:
+        """Rank 0 writes checkpoints, summaries and run files."""
+        return self.rank == 0
+
+    def broadcast_module(self, module: torch.nn.Module) -> None:
+        """Rank 0's parameters and buffers, on every rank."""
+        with torch.no_grad():
+            for tensor in [*module.parameters(), *module.buffers()]:
+                dist.broadcast(tensor.data, src=0)
+
+    def average_gradients(self, parameters: Sequence[torch.nn.Parameter]) -> None:
+        """Every trainable parameter's gradient, averaged over the ranks (a missing one counts
+        as zero, so every rank reduces the same bucket)."""
+        trainable = [p for p in parameters if p.requires_grad]
+        if not trainable:
+            return
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in trainable]
+        bucket = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(bucket)
+        bucket /= self.world_size
+        offset = 0
+        for parameter, grad in zip(trainable, grads):
+            n = grad.numel()
+            parameter.grad = bucket[offset:offset + n].view_as(parameter).clone()
+            offset += n
+
+    def mean(self, value: float) -> float:
+        tensor = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(tensor)
+        return float(tensor) / self.world_size
+
+    def exchange(self, stop: bool, counters: Mapping[str, float]) -> tuple[bool, dict[str, float]]:
+        """Whether any rank stops, and each counter summed over the ranks (same names, same
+        order on every rank)."""
+        names = sorted(counters)
+        tensor = torch.tensor([float(stop), *(float(counters[n]) for n in names)], dtype=torch.float64)
+        dist.all_reduce(tensor)
+        return bool(tensor[0] > 0), dict(zip(names, tensor[1:].tolist()))
+
+    def checksum(self, parameters: Iterable[torch.Tensor]) -> float:
+        """A float64 sum of every parameter: equal on every rank while they agree."""
+        return float(sum(p.detach().double().sum() for p in parameters))
+
+    def close(self) -> None:
+        if self._owns_group and dist.is_initialized():
+            dist.destroy_process_group()

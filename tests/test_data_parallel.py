@@ -1,0 +1,101 @@
+"""Learner ranks over torch.distributed (gloo, processes on this machine): a batch trained by
+two ranks, half each, leaves the same weights as the whole batch trained by one."""
+
+import numpy as np
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+from fleetrl.learner.data_parallel import DataParallel
+from fleetrl.learner.env_state_store import build_state_store
+from fleetrl.learner.inference import InferenceStep, PolicyVersion, StepRequest
+from fleetrl.learner.trainer import Trainer
+from fleetrl.losses.batch import UnrollBatch
+from fleetrl.problems import load_problem
+
+CPU = torch.device("cpu")
+
+
+def cartpole_batch(problem, agent, unroll_length=5, num_envs=8) -> UnrollBatch:
+    """Real unrolls of random CartPole-shaped steps through the learner's inference step."""
+    assert num_envs % 2 == 0
+    store = build_state_store(problem, agent, unroll_length, CPU)
+    unrolls = []
+    inference = InferenceStep(problem, agent, PolicyVersion(), store, lambda u: unrolls.append(u) or True, CPU)
+    slots, run_ids = store.allocate(num_envs), np.arange(1, num_envs + 1, dtype=np.uint64)
+    rng = np.random.default_rng(0)
+    for _ in range(unroll_length + 1):
+        # Both halves end as many episodes: a loss is a mean over a rank's valid steps (the
+        # autoreset step is not one), as DDP's is over its own share.
+        ended = np.tile(rng.uniform(size=num_envs // 2) < 0.2, 2)
+        inference([StepRequest(slots=slots, run_ids=run_ids, extras={},
+                               observation={"observation": rng.normal(size=(num_envs, 4)).astype(np.float32)},
+                               reward=rng.normal(size=num_envs).astype(np.float32),
+                               terminated=ended, truncated=np.zeros(num_envs, bool))])
+    return UnrollBatch.collate(unrolls)
+
+
+def train(rank: int, world_size: int, hparams: dict, init_file: str | None, out: str | None):
+    """Builds the agent and the batch as every rank does (same seeds), trains this rank's share."""
+    data_parallel = (DataParallel(rank, world_size, CPU, timeout_s=60, init_method=f"file://{init_file}")
+                     if world_size > 1 else None)
+    try:
+        torch.manual_seed(0)
+        problem = load_problem("cartpole", hparams)
+        agent = problem.make_agent()
+        batch = cartpole_batch(problem, agent)
+        if data_parallel:
+            with torch.no_grad():  # another start on each rank, so that the broadcast must make them one
+                for p in agent.parameters():
+                    p.add_(rank * 0.1)
+            data_parallel.broadcast_module(agent)
+        share = torch.arange(batch.batch_size).chunk(world_size)[rank]
+        trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(), CPU,
+                          data_parallel=data_parallel)
+        for _ in range(3):
+            trainer.update(batch.select(share))
+        weights = {n: p.detach().clone() for n, p in agent.named_parameters()}
+        if out:
+            torch.save(weights, f"{out}/rank{rank}.pt")
+        return weights
+    finally:
+        if data_parallel:
+            data_parallel.close()
+
+
+@pytest.mark.parametrize("hparams", [
+    {"algorithm": "vtrace"},
+    {"algorithm": "ppo", "epochs": "2", "minibatches": "1", "normalize_advantages": "false", "target_kl": "10"},
+])
+def test_two_ranks_with_half_the_batch_each_end_where_one_rank_with_all_of_it_does(tmp_path, hparams):
+    alone = train(0, 1, hparams, None, None)
+    mp.spawn(train, args=(2, hparams, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for name, value in alone.items():
+        torch.testing.assert_close(ranks[0][name], ranks[1][name], atol=0, rtol=0, msg=name)
+        torch.testing.assert_close(ranks[0][name], value, atol=1e-5, rtol=1e-5, msg=name)
+    assert any(not torch.equal(value, torch.load(tmp_path / "rank0.pt")[name]) for name, value in
+               train(0, 1, {**hparams, "learning_rate": "0.01"}, None, None).items())  # the comparison can fail
+
+
+def stall(rank: int, init_file: str, out: str):
+    """Rank 1 joins the group and never reaches the first collective."""
+    import time
+
+    data_parallel = DataParallel(rank, 2, CPU, timeout_s=3, init_method=f"file://{init_file}")
+    if rank == 1:
+        time.sleep(15)
+        return
+    started = time.monotonic()
+    try:
+        data_parallel.exchange(False, {"env_steps": 1.0})
+    except RuntimeError as e:
+        with open(f"{out}/error.txt", "w") as f:
+            f.write(f"{time.monotonic() - started:.1f}\n{e}")
+
+
+def test_a_rank_that_stops_answering_ends_the_others_collective_within_the_timeout(tmp_path):
+    mp.spawn(stall, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
+    waited, message = (tmp_path / "error.txt").read_text().split("\n", 1)
+    assert float(waited) < 12, waited
+    assert "timed out" in message.lower() or "timeout" in message.lower(), message
