@@ -135,7 +135,7 @@ class Actor:
                 reply = next(responses, None)
                 if reply is None or reply.WhichOneof("kind") == "finished":
                     reason = reply.finished.reason if reply is not None else "stream closed"
-                    log.info("the learner ended the run: %s", reason)
+                    log.info("the learner ended the run: %s (%d episodes reached it)", reason, self.episodes_sent)
                     return True
                 group = waiting.popleft()
                 self.steps_sent += 1

@@ -63,10 +63,13 @@ class LocalConfig:
     fleet: FleetConfig
     tensorboard_port: int = setting(0, "Also start TensorBoard on this port (0: don't).")
     progress_interval_s: float = setting(1.0, "Seconds between progress updates.")
+    learner_ranks: int = setting(1, "Data-parallel learner processes (gloo on CPU, NCCL on GPU); actor i serves "
+                                    "rank i mod this, eval actors rank 0 (docs/deployment.md).")
 
     def __post_init__(self):
         self.fleet.resolve(self.learner.problem)
         check_range("progress_interval_s", self.progress_interval_s, low=0, low_open=True)
+        check_range("learner_ranks", self.learner_ranks, low=1)
 
 
 @dataclasses.dataclass

@@ -4,12 +4,18 @@ It serves actors until the run ends (total_env_steps, target_mean_return, SIGTER
 Ctrl-C), then writes a final checkpoint and `summary.json` to the logdir. Exit code: 0
 (also when stopped by SIGTERM or SIGINT), 1 when a target return was set and the run
 ended without reaching it, 2 for a bad configuration, 3 when the final checkpoint could
-not be written (a full disk, say; the last good one is named in the log). The bound
+not be written (a full disk, say; the last good one is named in the log), 4 when another
+learner rank died or hung past --collective_timeout_s. The bound
 address is written to `<logdir>/learner_address` (useful with --bind=127.0.0.1:0).
+
+Learner ranks: `torchrun --nproc_per_node=N -m fleetrl.launch.learner ...` (or --world_size
+and --rank) starts N data-parallel ranks (docs/deployment.md); rank r serves on --bind's
+port + r and writes its address to `<logdir>/learner_address.rank<r>`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 
@@ -19,16 +25,30 @@ from fleetrl.common.extras import MissingExtra
 from fleetrl.common.files import atomic_write_text
 from fleetrl.launch.flags import define_flags, learner_config_from_flags, run_main
 from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.data_parallel import RankEnv, RankFailure
 from fleetrl.learner.learner import Learner
+from fleetrl.learner.run_files import address_file
 
 define_flags(LearnerConfig)
 FLAGS = flags.FLAGS
 
 
+def rank_config(config: LearnerConfig) -> LearnerConfig:
+    """Under torchrun (WORLD_SIZE and RANK set) and flags that leave them unset: its rank.
+    Rank r serves on --bind's port + r, so one command line serves every rank of a host."""
+    if flags.FLAGS["world_size"].using_default_value and "WORLD_SIZE" in os.environ:
+        env = RankEnv.from_environment()
+        config = dataclasses.replace(config, rank=env.rank, world_size=env.world_size)
+    host, _, port = config.bind.rpartition(":")
+    if config.rank and port.isdigit() and int(port) != 0:
+        config = dataclasses.replace(config, bind=f"{host}:{int(port) + config.rank}")
+    return config
+
+
 def main(argv: list[str]) -> int:
     del argv
     try:
-        config = learner_config_from_flags()
+        config = rank_config(learner_config_from_flags())
         learner = Learner(config)
     except (ValueError, MissingExtra) as e:  # a bad flag or hparam, an unknown Problem, a missing extra, ...
         logging.error("%s", e)
@@ -37,8 +57,9 @@ def main(argv: list[str]) -> int:
         logging.warning("serving %s to other hosts without authentication: anyone who can reach this "
                         "address can join the run (set --auth_token_file or --tls_client_ca)", config.bind)
     os.makedirs(config.logdir, exist_ok=True)
-    atomic_write_text(os.path.join(config.logdir, "learner_address"), learner.address)
-    logging.info("learner for %s serving on %s, logdir %s", config.problem, learner.address, config.logdir)
+    atomic_write_text(address_file(config.logdir, config.rank), learner.address)
+    ranks = f" (rank {config.rank} of {config.world_size})" if config.world_size > 1 else ""
+    logging.info("learner for %s serving on %s%s, logdir %s", config.problem, learner.address, ranks, config.logdir)
 
     signalled = []
 
@@ -48,11 +69,15 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
-    summary = learner.run()
+    try:
+        summary = learner.run()
+    except RankFailure as e:  # another learner rank died or hung: this one's checkpoint and logs are written
+        logging.error("%s", e)
+        return 4
     logging.info("run ended: %s; %s env steps, %s episodes, mean return %.1f, %s trainer steps, %.0fs",
                  summary.reason, f"{summary.env_steps:,}", summary.episodes, summary.mean_episode_return,
                  summary.trainer_steps, summary.wall_s)
-    if summary.final_checkpoint is None:
+    if summary.final_checkpoint is None and config.rank == 0:  # rank 0 writes the checkpoints
         logging.error("the final checkpoint was NOT written (see the error above): a resume starts from %s",
                       learner.run_state.checkpoints.latest() or "scratch (no checkpoint was written)")
         return 3

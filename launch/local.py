@@ -14,6 +14,7 @@ import dataclasses
 import json
 import os
 import signal
+import socket
 import sys
 import time
 
@@ -31,6 +32,7 @@ from fleetrl.launch.flags import (
 from fleetrl.launch.processes import ChildProcesses
 from fleetrl.launch.progress import Progress, print_next_steps, print_summary, script
 from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.run_files import address_file
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
 
@@ -44,13 +46,14 @@ def launch(config: LocalConfig) -> int:
     learner_cfg = config.learner
     os.makedirs(learner_cfg.logdir, exist_ok=True)
     logs = os.path.join(learner_cfg.logdir, "logs")
-    address_file = os.path.join(learner_cfg.logdir, "learner_address")
-    if os.path.exists(address_file):
-        os.remove(address_file)
+    ranks = config.learner_ranks
+    for rank in range(ranks):
+        if os.path.exists(address_file(learner_cfg.logdir, rank)):
+            os.remove(address_file(learner_cfg.logdir, rank))
     # The launch's own settings start config.json; the learner adds its own and the Problem's.
     atomic_write_json(os.path.join(learner_cfg.logdir, "config.json"), {"launch": {
         "launcher": "fleetrl.launch.local", **dataclasses.asdict(config.fleet),
-        "tensorboard_port": config.tensorboard_port}}, indent=2)
+        "tensorboard_port": config.tensorboard_port, "learner_ranks": ranks}}, indent=2)
     children = ChildProcesses()
     python = [sys.executable, "-m"]
     stop_requested = []
@@ -58,21 +61,34 @@ def launch(config: LocalConfig) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append("SIGTERM"))
     progress = Progress(sys.stdout.isatty())
     try:
-        learner = children.start("learner", python + ["fleetrl.launch.learner", *to_argv(learner_cfg)],
-                                 os.path.join(logs, "learner.log"))
-        address = _wait_for_address(address_file, learner)
-        if address is None:
-            print(f"the learner exited before serving:\n{learner.tail()}", file=sys.stderr)
+        # Learner ranks meet as torchrun would have them: MASTER_ADDR and MASTER_PORT.
+        group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())} if ranks > 1 else {}
+        learners = [children.start("learner" + (f"-rank{r}" if r else ""),
+                                   python + ["fleetrl.launch.learner", *to_argv(dataclasses.replace(
+                                       learner_cfg, world_size=ranks, rank=r))],
+                                   os.path.join(logs, "learner" + (f"-rank{r}" if r else "") + ".log"), env=group)
+                    for r in range(ranks)]
+        learner = learners[0]
+        addresses = [_wait_for_address(address_file(learner_cfg.logdir, r), learners[r]) for r in range(ranks)]
+        if None in addresses:
+            failed = learners[addresses.index(None)]
+            print(f"{failed.name} exited before serving:\n{failed.tail()}", file=sys.stderr)
             return 1
-        actors = [children.start(name, python + ["fleetrl.launch.actor", *to_argv(actor_config)],
-                                 os.path.join(logs, f"{name}.log"))
-                  for name, actor_config in config.fleet.actor_configs(learner_cfg, address, id_prefix="local-")]
+        address = addresses[0]
+        # Actor i serves rank i mod ranks; eval actors, rank 0, so each eval episode is played once.
+        actors = []
+        for i, (name, actor_config) in enumerate(config.fleet.actor_configs(learner_cfg, address, id_prefix="local-")):
+            if actor_config.mode == "train":
+                actor_config = dataclasses.replace(actor_config, learner_address=addresses[i % ranks])
+            actors.append(children.start(name, python + ["fleetrl.launch.actor", *to_argv(actor_config)],
+                                         os.path.join(logs, f"{name}.log")))
         if config.tensorboard_port:  # this environment's own, whether or not it is on PATH
             children.start("tensorboard", [script("tensorboard"), f"--logdir={learner_cfg.logdir}",
                                            f"--port={config.tensorboard_port}"], os.path.join(logs, "tensorboard.log"))
         fleet = config.fleet
         evals = f", {fleet.num_eval_actors} eval actors" if fleet.num_eval_actors else ""
-        print(f"fleetrl: {learner_cfg.problem} on {address}, {fleet.num_actors} actors x "
+        on = address if ranks == 1 else f"{ranks} learner ranks ({', '.join(addresses)})"
+        print(f"fleetrl: {learner_cfg.problem} on {on}, {fleet.num_actors} actors x "
               f"{fleet.envs_per_actor} envs{evals}; logs in {logs}")
         crashed = []
         with grpc.insecure_channel(address) as channel:
@@ -98,10 +114,16 @@ def launch(config: LocalConfig) -> int:
                   f"Last lines of {child.log_path}:\n{child.tail()}", file=sys.stderr)
             return 1
         code = learner.process.wait()
-        children.stop(actors, timeout_s=15)
+        children.stop(learners[1:] + actors, timeout_s=15)  # the other ranks end at the same batch as rank 0
         return _report(learner_cfg.logdir, code, learner, config.tensorboard_port)
     finally:
         children.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def _wait_for_address(path: str, learner) -> str | None:

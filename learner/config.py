@@ -60,6 +60,13 @@ class LearnerConfig:
                                               "pinned buffer and one copy each way), plain (tensor by tensor), or "
                                               "auto (staged on a GPU, plain on CPU, where plain copies nothing).")
     seed: int = setting(0, "Random seed.")
+    world_size: int = setting(1, "Data-parallel learner ranks, each a whole learner serving its own actors, all "
+                                 "holding the same weights (torchrun's WORLD_SIZE sets it; docs/deployment.md).")
+    rank: int = setting(0, "This learner's rank, 0 .. world_size-1 (torchrun's RANK sets it). Rank 0 writes "
+                           "checkpoints, TensorBoard and the run files; rank r serves on --bind's port + r.")
+    collective_timeout_s: float = setting(300.0, "Learner ranks: a rank that does not join a collective (the "
+                                                 "per-batch exchange, a gradient all-reduce) within this long ends "
+                                                 "every rank with an error naming it.")
 
     eval_interval_s: float | None = problem_setting(30.0, "Eval rounds (eval actors play the Problem's eval set "
                                                           "with the weights frozen at the round's start) start at "
@@ -105,4 +112,7 @@ class LearnerConfig:
         for name in ("summary_interval_s", "handshake_timeout_s", "stream_idle_timeout_s"):
             check_range(name, getattr(self, name), low=0, low_open=True)
         check_choice("best_mode", self.best_mode, ("max", "min"))
+        check_range("world_size", self.world_size, low=1)
+        check_range("rank", self.rank, low=0, high=self.world_size - 1)
+        check_range("collective_timeout_s", self.collective_timeout_s, low=0, low_open=True)
         check_choice("inference_transfer", self.inference_transfer, ("auto", "plain", "staged"))

@@ -24,7 +24,8 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,6 +45,19 @@ class RankEnv:
             raise ValueError(f"RANK and WORLD_SIZE must be integers: {e}") from e
 
 
+class RankFailure(RuntimeError):
+    """A collective of the learner ranks failed: a rank died, or hung past the timeout."""
+
+
+def collective(name: str, timeout_s: float, operation: Callable[[], Any]) -> Any:
+    """`operation()`, a collective; its failure raised as RankFailure, naming it."""
+    try:
+        return operation()
+    except RuntimeError as e:
+        raise RankFailure(f"the learner ranks' {name} failed: another rank died or did not join within "
+                          f"collective_timeout_s={timeout_s:g}s ({type(e).__name__}: {e})") from e
+
+
 def backend_for(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
@@ -53,7 +67,7 @@ class DataParallel:
                  init_method: str = "env://"):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is not in [0, world_size={world_size})")
-        self.rank, self.world_size, self.device = rank, world_size, device
+        self.rank, self.world_size, self.device, self.timeout_s = rank, world_size, device, timeout_s
         if not dist.is_initialized():
             dist.init_process_group(backend_for(device), init_method=init_method, rank=rank, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=timeout_s))
@@ -68,7 +82,7 @@ class DataParallel:
         """Rank 0's parameters and buffers, on every rank."""
         with torch.no_grad():
             for tensor in [*module.parameters(), *module.buffers()]:
-                dist.broadcast(tensor.data, src=0)
+                collective("weights' broadcast", self.timeout_s, lambda t=tensor: dist.broadcast(t.data, src=0))
 
     def average_gradients(self, parameters: Sequence[torch.nn.Parameter]) -> None:
         """Every trainable parameter's gradient, averaged over the ranks (a missing one counts
@@ -78,7 +92,7 @@ class DataParallel:
             return
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in trainable]
         bucket = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(bucket)
+        collective("gradient all-reduce", self.timeout_s, lambda: dist.all_reduce(bucket))
         bucket /= self.world_size
         offset = 0
         for parameter, grad in zip(trainable, grads):
@@ -88,7 +102,7 @@ class DataParallel:
 
     def mean(self, value: float) -> float:
         tensor = torch.tensor([value], dtype=torch.float64)
-        dist.all_reduce(tensor)
+        collective("mean", self.timeout_s, lambda: dist.all_reduce(tensor))
         return float(tensor) / self.world_size
 
     def exchange(self, stop: bool, counters: Mapping[str, float]) -> tuple[bool, dict[str, float]]:
@@ -96,7 +110,7 @@ class DataParallel:
         order on every rank)."""
         names = sorted(counters)
         tensor = torch.tensor([float(stop), *(float(counters[n]) for n in names)], dtype=torch.float64)
-        dist.all_reduce(tensor)
+        collective("exchange", self.timeout_s, lambda: dist.all_reduce(tensor))
         return bool(tensor[0] > 0), dict(zip(names, tensor[1:].tolist()))
 
     def checksum(self, parameters: Iterable[torch.Tensor]) -> float:

@@ -30,6 +30,7 @@ import torch
 
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.connected_actors import ConnectedActors
+from fleetrl.learner.data_parallel import DataParallel
 from fleetrl.learner.env_state_store import build_state_store
 from fleetrl.learner.eval_inference import EvalInference
 from fleetrl.learner.eval_results import EvalResults
@@ -38,6 +39,7 @@ from fleetrl.learner.inference import InferenceStep, PolicyVersion
 from fleetrl.learner.inference_batcher import InferenceBatcher
 from fleetrl.learner.metrics import EpisodeWindow, RateMeter, ScalarMeans
 from fleetrl.learner.monitor import Monitor
+from fleetrl.learner.rank_sync import RankSync
 from fleetrl.learner.run_files import RunSummary, write_run_config, write_summary
 from fleetrl.learner.run_state import RunState
 from fleetrl.learner.server import LearnerService, ServedRun
@@ -64,6 +66,11 @@ class Learner:
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
         self.device = torch.device(config.device)
+        # Learner ranks (docs/deployment.md): rank 0 writes the run's files; the others keep their own
+        # summaries in <logdir>/rank<r>.
+        self.ranks = (DataParallel(config.rank, config.world_size, self.device, config.collective_timeout_s)
+                      if config.world_size > 1 else None)
+        self.own_logdir = config.logdir if config.rank == 0 else os.path.join(config.logdir, f"rank{config.rank}")
         self.problem = problem or load_problem(config.problem, config.hparams)
         self.agent = self.problem.make_agent().to(self.device)
         self.optimizer = self.problem.make_optimizer(self.agent.parameters())
@@ -84,7 +91,7 @@ class Learner:
 
         # Training: inference -> state store -> unroll hook -> unroll queue -> trainer.
         self.trainer = Trainer(self.problem, self.agent, self.optimizer, self.policy, self.device,
-                               config.block_inference_on_training, config.seed)
+                               config.block_inference_on_training, config.seed, self.ranks)
         if config.batch_size % self.trainer.minibatches:  # found now, not at the first update
             raise ValueError(f"batch_size {config.batch_size} does not split into the Problem's "
                              f"{self.trainer.minibatches} minibatches; change --batch_size or minibatches")
@@ -106,13 +113,18 @@ class Learner:
         self.eval_rounds = EvalRounds(self._eval_snapshot, self.problem.num_eval_episodes(), config.eval_interval_s)
 
         self.step_ledger = StepLedger()
+        self.fleet = RankSync(config.world_size, lambda: self.inference.env_steps, self.episodes,
+                              config.return_window, list(self.agent.parameters()), config.collective_timeout_s)
         self.run_state = RunState(config, self.agent, self.optimizer, self.policy, self.inference, self.episodes,
-                                  self.step_ledger, self.eval_rounds, self.trainer.shuffle_generator, self.device)
+                                  self.step_ledger, self.eval_rounds, self.trainer.shuffle_generator, self.device,
+                                  self.fleet)
         takes_records = self.problem.learner_writes_eval_records()  # eval actors send episode records
-        self.eval_results = EvalResults(config.logdir, config.best_metric, self.run_state,
+        self.eval_results = EvalResults(self.own_logdir, config.best_metric, self.run_state,
                                         self.problem.write_eval_records if takes_records else None)
         self.resumed_from = self.run_state.resume_or_warm_start()
-        self.stop_conditions = StopConditions(config, self.episodes, self.inference, self.run_state)
+        if self.ranks:  # every rank starts from rank 0's weights (a resume loaded the same ones everywhere)
+            self.ranks.broadcast_module(self.agent)
+        self.stop_conditions = StopConditions(config, self.fleet, self.run_state)
 
         self.service = LearnerService(ServedRun(
             problem=config.problem, hparams=dict(config.hparams),
@@ -135,10 +147,11 @@ class Learner:
     # ----- the run -----
 
     def run(self) -> RunSummary:
-        os.makedirs(self.config.logdir, exist_ok=True)
-        run_config = write_run_config(self.config, self.problem)
-        summaries = TrainSummaries(self.config.logdir, self.scalars, self.inference, self.policy, self._gauges,
-                                   resumed=self.resumed_from is not None, config=run_config)
+        os.makedirs(self.own_logdir, exist_ok=True)
+        run_config = write_run_config(self.config, self.problem, self.own_logdir)
+        summaries = TrainSummaries(self.own_logdir, self.scalars, self.inference, self.policy, self._gauges,
+                                   resumed=self.resumed_from is not None, config=run_config,
+                                   env_steps=lambda: self.fleet.counts().env_steps)
         self.eval_results.open(resumed=self.resumed_from is not None)
         self.server.start()
         self.batcher.start()
@@ -146,19 +159,23 @@ class Learner:
         monitor = Monitor(self.stop, self.stop_conditions, self.finish, summaries, self.config.summary_interval_s,
                           self._started)
         monitor.start()
+        agreed = False  # every rank left the loop at the same batch: they can meet once more
         try:
-            while not self.stop.is_set():
+            while True:
                 # Unrolls waiting when the trainer comes back for more (at batch_size or above, the
                 # trainer is the bottleneck), and the share of its time spent waiting for data.
                 self.scalars.add("learner/unroll_queue_size", self.unrolls.qsize())
                 started = time.monotonic()
                 batch = self.unrolls.get_batch(self.config.batch_size)
-                if batch is None:
+                # With learner ranks, any rank's stop ends every rank at this same batch.
+                if self.fleet.exchange(stopping=batch is None or self.stop.is_set()):
+                    self.finish(self.stop_conditions.reason_to_stop() or "another learner rank stopped")
+                    agreed = True
                     break
                 waited = time.monotonic() - started
                 if not self.config.train:
                     continue
-                self.lr_schedule.apply(self.optimizer, self.inference.env_steps, self.policy.version)
+                self.lr_schedule.apply(self.optimizer, self.fleet.counts().env_steps, self.policy.version)
                 self.scalars.add_all(self.trainer.update(batch))
                 self.scalars.add("learner/trainer_idle_fraction", waited / max(time.monotonic() - started, 1e-9))
                 self.run_state.save_if_due()
@@ -171,13 +188,17 @@ class Learner:
             self.eval_batcher.stop()
             self.server.stop(grace=5).wait()
             self.service.close()
+            if agreed:  # the fleet's final counts, once every rank has served its last step
+                self.fleet.exchange(stopping=True)
             monitor.join(timeout=10)
             summaries.write()
-            final_checkpoint = self.run_state.save()
+            final_checkpoint = self.run_state.save() if self.config.rank == 0 else None
             summaries.close()
             self.eval_results.close()
+            if self.ranks:
+                self.ranks.close()
         summary = dataclasses.replace(self.summary(), final_checkpoint=final_checkpoint)
-        write_summary(self.config.logdir, summary)
+        write_summary(self.own_logdir, summary)
         return summary
 
     def finish(self, reason: str) -> None:
@@ -203,6 +224,7 @@ class Learner:
             "learner/failed_checkpoint_writes": self.run_state.failed_checkpoint_writes,
             "learner/failed_eval_writes": self.eval_results.failed_writes,
             "learner/policy_version": self.policy.version,
+            "learner/episodes": self.fleet.counts().episodes,
             **self.agent.inference_metrics(),  # a generating agent's tokens/s, say
         }
 
@@ -218,11 +240,12 @@ class Learner:
         return self._reason
 
     def status(self) -> pb.Status:
-        steps = self.inference.env_steps
+        counts = self.fleet.counts()
+        steps = counts.env_steps
         last_eval = self.eval_rounds.last
         return pb.Status(
-            env_steps=steps, env_steps_per_s=self._env_rate.rate(steps), episodes=self.episodes.total,
-            mean_episode_return=self.episodes.mean("return"), policy_lag=self.trainer.last_policy_lag,
+            env_steps=steps, env_steps_per_s=self._env_rate.rate(steps), episodes=counts.episodes,
+            mean_episode_return=self._mean_return(), policy_lag=self.trainer.last_policy_lag,
             trainer_steps=self.policy.version, connected_actors=len(self.actors),
             finished=self.stop.is_set(), finished_reason=self._reason, uptime_s=time.monotonic() - self._started,
             mean_inference_batch_size=self.inference.batch_envs / max(self.inference.batches, 1),
@@ -232,10 +255,15 @@ class Learner:
             resent_steps=self.service.resent_steps,
         )
 
+    def _mean_return(self) -> float:
+        """The fleet's once every rank's window is full, else this learner's."""
+        fleet = self.fleet.counts().mean_return
+        return self.episodes.mean("return") if math.isnan(fleet) else fleet
+
     def summary(self) -> RunSummary:
         return RunSummary(
-            reason=self._reason, env_steps=self.inference.env_steps, episodes=self.episodes.total,
-            mean_episode_return=self.episodes.mean("return"), return_window=self.config.return_window,
+            reason=self._reason, env_steps=self.fleet.counts().env_steps, episodes=self.fleet.counts().episodes,
+            mean_episode_return=self._mean_return(), return_window=self.config.return_window,
             trainer_steps=self.policy.version,
             wall_s=time.monotonic() - self._started,
             target_reached=self._reason.startswith("target reached") if self.stop_conditions.has_target else None,

@@ -28,10 +28,11 @@ class RunSummary:
     final_checkpoint: str | None = None
 
 
-def write_run_config(config: LearnerConfig, problem: Problem) -> dict:
-    """<logdir>/config.json: the whole config as resolved (the Problem's defaults included),
-    keeping the "launch" section a launcher wrote there before starting this learner."""
-    path = os.path.join(config.logdir, "config.json")
+def write_run_config(config: LearnerConfig, problem: Problem, logdir: str | None = None) -> dict:
+    """<logdir>/config.json (or `logdir`'s: a learner rank's own): the whole config as resolved
+    (the Problem's defaults included), keeping the "launch" section a launcher wrote there
+    before starting this learner."""
+    path = os.path.join(logdir or config.logdir, "config.json")
     launch = {}
     if os.path.exists(path):
         with open(path) as f:
@@ -43,6 +44,11 @@ def write_run_config(config: LearnerConfig, problem: Problem) -> dict:
         **({"launch": launch} if launch else {})}
     atomic_write_json(path, run_config, indent=2)
     return run_config
+
+
+def address_file(logdir: str, rank: int = 0) -> str:
+    """Where a learner writes the address it serves: <logdir>/learner_address, rank r's with .rank<r>."""
+    return os.path.join(logdir, "learner_address" + (f".rank{rank}" if rank else ""))
 
 
 def write_summary(logdir: str, summary: RunSummary) -> None:

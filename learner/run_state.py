@@ -39,6 +39,7 @@ from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.eval_rounds import EvalRounds
 from fleetrl.learner.inference import InferenceStep, PolicyVersion
 from fleetrl.learner.metrics import EpisodeWindow
+from fleetrl.learner.rank_sync import RankSync
 from fleetrl.learner.step_ledger import StepLedger
 
 log = logging.getLogger(__name__)
@@ -47,13 +48,15 @@ log = logging.getLogger(__name__)
 class RunState:
     def __init__(self, config: LearnerConfig, agent: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  policy: PolicyVersion, inference: InferenceStep, episodes: EpisodeWindow, step_ledger: StepLedger,
-                 eval_rounds: EvalRounds, shuffle_generator: torch.Generator, device: torch.device):
+                 eval_rounds: EvalRounds, shuffle_generator: torch.Generator, device: torch.device,
+                 fleet: RankSync):
         self.config = config
         self.agent, self.optimizer = agent, optimizer
         self.policy, self.inference, self.episodes, self.eval_rounds = policy, inference, episodes, eval_rounds
         self.step_ledger = step_ledger
         self.shuffle_generator = shuffle_generator
         self.device = device
+        self.fleet = fleet  # the counts a checkpoint holds are the whole fleet's, over every learner rank
         self.checkpoints = CheckpointDir(os.path.join(config.logdir, "checkpoints"), config.keep_checkpoints)
         self.best: float | None = None
         self._last_save = (time.monotonic(), 0)  # (time, policy version)
@@ -61,7 +64,7 @@ class RunState:
 
     @property
     def env_steps(self) -> int:
-        return self.inference.env_steps
+        return self.fleet.counts().env_steps
 
     def checkpoint(self, model: dict[str, torch.Tensor] | None = None, with_optimizer: bool = True) -> dict:
         """Everything a resume needs, as tensors and plain values (loadable with weights_only=True)."""
@@ -69,10 +72,11 @@ class RunState:
             "format": CHECKPOINT_FORMAT, "problem": self.config.problem, "hparams": dict(self.config.hparams),
             "learner_config": dataclasses.asdict(self.config),
             "model": model if model is not None else self.agent.state_dict(),
-            "policy_version": self.policy.version, "env_steps": self.inference.env_steps,
+            "policy_version": self.policy.version, "env_steps": self.env_steps,
             # The count before the ledger: a step taken in between is then in the ledger and not in
             # the count, so after a resume its resend is lost, never counted twice.
-            "episodes": self.episodes.total, "step_ledger": self.step_ledger.state(),
+            "episodes": self.fleet.counts().episodes, "step_ledger": self.step_ledger.state(),
+            "learner_ranks": self.fleet.world_size,
             "eval_rounds": self.eval_rounds.completed, "best": self.best,
             "rng": {"torch": torch.get_rng_state(), "trainer_shuffle": self.shuffle_generator.get_state()},
         }
@@ -146,7 +150,12 @@ class RunState:
         self.best = checkpoint["best"]
         torch.set_rng_state(checkpoint["rng"]["torch"])
         self.shuffle_generator.set_state(checkpoint["rng"]["trainer_shuffle"])
+        self.fleet.start_from(checkpoint["env_steps"], checkpoint["episodes"])
         self._last_save = (time.monotonic(), self.policy.version)
         log.info("resumed from %s: %s env steps, policy version %s", latest, f"{self.env_steps:,}",
                  f"{self.policy.version:,}")
+        written_by = checkpoint.get("learner_ranks", 1)
+        if written_by != self.fleet.world_size:
+            log.info("the checkpoint was written by %d learner rank(s); this run has %d: every rank starts from "
+                     "its weights, optimizer state and counts", written_by, self.fleet.world_size)
         return latest

@@ -48,9 +48,12 @@ class _Counts:
 
 class TrainSummaries:
     def __init__(self, logdir: str, scalars: ScalarMeans, inference: InferenceStep, policy: PolicyVersion,
-                 gauges: Callable[[], dict[str, float]], resumed: bool, config: dict[str, Any]):
+                 gauges: Callable[[], dict[str, float]], resumed: bool, config: dict[str, Any],
+                 env_steps: Callable[[], int] | None = None):
         """`gauges` reads the levels to write as they are (queue size, connected actors, ...);
-        `config` is the run's, for TensorBoard's Text tab."""
+        `config` is the run's, for TensorBoard's Text tab; `env_steps`, the step axis, the
+        fleet's count over every learner rank (default: this learner's)."""
+        self._env_steps = env_steps or (lambda: inference.env_steps)
         self._scalars = scalars
         self._inference = inference
         self._policy = policy
@@ -58,15 +61,15 @@ class TrainSummaries:
         self._logdir = logdir
         self.failed_writes = 0
         # purge_step: TensorBoard drops what an earlier process wrote at or after these steps.
-        self._writer: SummaryWriter | None = SummaryWriter(logdir, purge_step=inference.env_steps if resumed else None)
+        self._writer: SummaryWriter | None = SummaryWriter(logdir, purge_step=self._env_steps() if resumed else None)
         self._last = self._counts()
         self._written = False
         self._last_values: dict[str, float] = {}
         self._writer.add_text("config", "```json\n" + json.dumps(config, indent=2) + "\n```",
-                              global_step=inference.env_steps)
+                              global_step=self._env_steps())
 
     def _counts(self) -> _Counts:
-        return _Counts(time.monotonic(), self._inference.env_steps, self._policy.version, self._inference.batches,
+        return _Counts(time.monotonic(), self._env_steps(), self._policy.version, self._inference.batches,
                        self._inference.batch_envs)
 
     def write(self) -> None:

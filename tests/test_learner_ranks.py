@@ -1,0 +1,120 @@
+"""Data-parallel learner ranks through the whole system (gloo, processes on this machine):
+launch.local --learner_ranks=2 trains CartPole, counts every episode once, resumes with
+another number of ranks, and a rank that dies ends the other within the timeout."""
+
+import glob
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import grpc
+import pytest
+
+from fleetrl.proto import learner_pb2 as pb
+from fleetrl.proto import learner_pb2_grpc as pb_grpc
+
+
+def episodes_reaching_the_learner(logdir) -> int:
+    """What the actors say the learner counted of theirs, summed over the fleet."""
+    total = 0
+    for path in glob.glob(os.path.join(logdir, "logs", "actor-*.log")):
+        found = re.findall(r"\((\d+) episodes reached it\)", open(path).read())
+        assert found, f"{path} has no closing count"
+        total += int(found[-1])
+    return total
+
+
+@pytest.mark.slow
+def test_two_ranks_train_cartpole_and_count_each_episode_once(tmp_path, local_run):
+    logdir = tmp_path / "run"
+    summary = local_run.train_to_target(
+        logdir, "--problem=cartpole", "--learner_ranks=2", "--num_actors=4", "--envs_per_actor=16",
+        "--num_eval_actors=1", "--total_env_steps=400000", "--target_mean_return=300", "--checkpoint_every_steps=25",
+        "--summary_interval_s=1", "--seed=0")
+    assert summary["episodes"] == episodes_reaching_the_learner(logdir)
+    rank1 = json.loads((logdir / "rank1" / "summary.json").read_text())
+    for key in ("episodes", "env_steps", "trainer_steps"):
+        assert rank1[key] == summary[key], (key, rank1, summary)
+    scalars = local_run.read_scalars(logdir)
+    assert scalars["learner/episodes"][-1] == summary["episodes"]
+    # Rank 0 alone writes checkpoints; every eval episode is played once, on rank 0.
+    assert len(list((logdir / "checkpoints").glob("ckpt-*.pt"))) >= 1
+    assert not (logdir / "rank1" / "checkpoints").exists()
+    rounds = [json.loads(line) for line in (logdir / "eval.jsonl").read_text().splitlines()]
+    assert rounds and all(r["episodes"] == 100 for r in rounds)
+    # The ranks compare their weights at every batch and stop on a difference (RanksDiverged).
+    for log in ("learner.log", "learner-rank1.log"):
+        assert "RanksDiverged" not in (logdir / "logs" / log).read_text()
+
+
+@pytest.mark.slow
+def test_a_run_resumes_with_another_number_of_ranks(tmp_path, local_run):
+    logdir = tmp_path / "run"
+    common = ("--problem=cartpole", "--num_actors=2", "--envs_per_actor=16", "--seed=0")
+    versions = []
+    for ranks, steps in ((2, 8000), (1, 16000), (2, 24000)):
+        process, tag = local_run.start(logdir, *common, f"--learner_ranks={ranks}", f"--total_env_steps={steps}")
+        code, output = local_run.finish(process, tag)
+        assert code == 0, output
+        summary = json.loads((logdir / "summary.json").read_text())
+        assert summary["env_steps"] >= steps and summary["reason"].startswith("total_env_steps"), summary
+        versions.append(summary["trainer_steps"])
+    assert versions[0] < versions[1] < versions[2]
+    log = (logdir / "logs" / "learner.log").read_text()
+    assert "written by 2 learner rank(s); this run has 1" in log
+    assert "written by 1 learner rank(s); this run has 2" in log
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_a_rank_that_dies_ends_the_other_with_the_error_named(tmp_path):
+    logdir, group = tmp_path / "run", {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}
+    processes = []
+    try:
+        for rank in range(2):
+            log = open(tmp_path / f"learner-{rank}.log", "w")
+            processes.append(subprocess.Popen(
+                [sys.executable, "-m", "fleetrl.launch.learner", "--problem=cartpole", f"--logdir={logdir}",
+                 "--bind=127.0.0.1:0", "--world_size=2", f"--rank={rank}", "--collective_timeout_s=5"],
+                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **group}))
+        addresses = []
+        for rank in range(2):
+            path = logdir / ("learner_address" + (f".rank{rank}" if rank else ""))
+            deadline = time.monotonic() + 60
+            while not path.exists():
+                assert time.monotonic() < deadline, (tmp_path / f"learner-{rank}.log").read_text()
+                time.sleep(0.1)
+            addresses.append(path.read_text().strip())
+        for rank, address in enumerate(addresses):
+            processes.append(subprocess.Popen(
+                [sys.executable, "-m", "fleetrl.launch.actor", f"--learner_address={address}", "--problem=cartpole",
+                 "--num_envs=8", f"--actor_id=a{rank}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+        with grpc.insecure_channel(addresses[0]) as channel:
+            stub = pb_grpc.LearnerStub(channel)
+            deadline = time.monotonic() + 60
+            while stub.GetStatus(pb.StatusRequest(), timeout=5).trainer_steps < 3:
+                assert time.monotonic() < deadline, "the ranks did not train"
+                time.sleep(0.2)
+        processes[1].send_signal(signal.SIGKILL)
+        killed = time.monotonic()
+        code = processes[0].wait(timeout=60)
+        ended_after = time.monotonic() - killed
+        log = (tmp_path / "learner-0.log").read_text()
+        assert code == 4, log
+        assert ended_after < 30, ended_after  # the 5 s timeout, and the shutdown after it
+        assert "another rank died or did not join within collective_timeout_s=5s" in log, log
+    finally:
+        for process in processes:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
