@@ -22,6 +22,7 @@ import queue
 import random
 import socket
 import time
+import zlib
 from collections.abc import Iterator
 
 import grpc
@@ -58,9 +59,10 @@ class Actor:
     def __init__(self, config: ActorConfig, problem: Problem | None = None):
         self.config = config
         self.actor_id = config.actor_id or f"{socket.gethostname()}:{os.getpid()}"
+        self.learner_address = pick_learner(config.learner_address, self.actor_id)
         try:
             token = read_token(config.auth_token_file)
-            self._channel = learner_channel(config.learner_address, config.max_message_mb * 1024 * 1024, token,
+            self._channel = learner_channel(self.learner_address, config.max_message_mb * 1024 * 1024, token,
                                             config.tls_ca, config.tls_cert, config.tls_key, config.tls_server_name)
         except ValueError as e:
             raise ActorError(str(e)) from None
@@ -121,7 +123,7 @@ class Actor:
         handshake = handshake_message(problem_name, problem, self.actor_id, self.config.num_envs, pb.TRAIN)
 
         def play(requests: queue.SimpleQueue, responses) -> bool:
-            log.info("connected to %s as %s", self.config.learner_address, self.actor_id)
+            log.info("connected to %s as %s", self.learner_address, self.actor_id)
             waiting: collections.deque[EnvGroup] = collections.deque()  # groups whose step is unanswered
 
             def send(group: EnvGroup) -> None:
@@ -155,7 +157,7 @@ class Actor:
         send_records = problem.learner_writes_eval_records()
 
         def play(requests: queue.SimpleQueue, responses) -> bool:
-            log.info("connected to %s as eval actor %s", self.config.learner_address, self.actor_id)
+            log.info("connected to %s as eval actor %s", self.learner_address, self.actor_id)
             while max_steps is None or self.steps_sent < max_steps:
                 work = self._stub.GetEvalWork(pb.EvalWorkRequest(actor_id=self.actor_id, max_episodes=n), timeout=30)
                 if work.finished:
@@ -210,27 +212,36 @@ class Actor:
                 # Our own stream from before a break, which the learner has not yet seen end.
                 lingering = code == grpc.StatusCode.ALREADY_EXISTS and self._connected_once
                 if code == grpc.StatusCode.UNKNOWN:
-                    raise ActorError(f"the learner at {self.config.learner_address} failed while serving actor "
+                    raise ActorError(f"the learner at {self.learner_address} failed while serving actor "
                                      f"{self.actor_id} (an error in the learner: see its log): {code.name}: "
                                      f"{e.details()}") from None
                 if code not in _RETRYABLE and not lingering:
-                    raise ActorError(f"the learner at {self.config.learner_address} refused actor "
+                    raise ActorError(f"the learner at {self.learner_address} refused actor "
                                      f"{self.actor_id}: {code.name}: {e.details()}") from None
                 if self.steps_sent > sent_before:  # progress was made: the budget starts again
                     delay, give_up_at = 0.2, time.monotonic() + self.config.max_reconnect_s
                 if time.monotonic() >= give_up_at:
                     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                         raise ActorError(
-                            f"no learner answered at {self.config.learner_address} for "
+                            f"no learner answered at {self.learner_address} for "
                             f"{self.config.max_reconnect_s:g}s: is one running there? (check --learner_address "
                             f"against the learner's --bind, and any firewall between them)") from None
-                    raise ActorError(f"gave up reaching the learner at {self.config.learner_address} after "
+                    raise ActorError(f"gave up reaching the learner at {self.learner_address} after "
                                      f"{self.config.max_reconnect_s:g}s: {code.name}: {e.details()}") from None
                 wait = min(delay, give_up_at - time.monotonic()) * random.uniform(0.5, 1.0)
                 log.warning("learner at %s unavailable (%s); retrying in %.1fs",
-                            self.config.learner_address, code.name, wait)
+                            self.learner_address, code.name, wait)
                 time.sleep(max(wait, 0.0))
                 delay = min(delay * 2, 10.0)
+
+
+def pick_learner(addresses: str, actor_id: str) -> str:
+    """One address of a comma-separated list of learner ranks', chosen by the actor's id:
+    the same rank for the same id, through every reconnect and restart."""
+    choices = [a.strip() for a in addresses.split(",") if a.strip()]
+    if not choices:
+        raise ActorError(f"--learner_address={addresses!r} names no learner")
+    return choices[zlib.crc32(actor_id.encode()) % len(choices)]
 
 
 def handshake_message(problem_name: str, problem: Problem, actor_id: str, num_envs: int,

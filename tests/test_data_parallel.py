@@ -35,26 +35,52 @@ def cartpole_batch(problem, agent, unroll_length=5, num_envs=8) -> UnrollBatch:
     return UnrollBatch.collate(unrolls)
 
 
-def train(rank: int, world_size: int, hparams: dict, init_file: str | None, out: str | None):
+def numberline_vlm_batch(problem, agent, unroll_length=2, num_envs=4) -> UnrollBatch:
+    """Real unrolls of NumberLine steps, the tiny VLM generating each answer."""
+    store = build_state_store(problem, agent, unroll_length, CPU)
+    unrolls = []
+    inference = InferenceStep(problem, agent, PolicyVersion(), store, lambda u: unrolls.append(u) or True, CPU)
+    envs = [problem.make_actor_env() for _ in range(num_envs)]
+    obs = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
+    slots, run_ids = store.allocate(num_envs), np.arange(1, num_envs + 1, dtype=np.uint64)
+    reward, terminated = np.zeros(num_envs, np.float32), np.zeros(num_envs, bool)
+    for _ in range(unroll_length + 1):
+        observation = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
+        request = StepRequest(slots=slots, run_ids=run_ids, observation=observation, extras={}, reward=reward,
+                              terminated=terminated, truncated=np.zeros(num_envs, bool))
+        actions = inference([request])[0]
+        for i, env in enumerate(envs):
+            obs[i], reward[i], terminated[i], truncated, _ = env.step({k: v[i] for k, v in actions.items()})
+            if terminated[i] or truncated:
+                obs[i] = env.reset()[0]
+    return UnrollBatch.collate(unrolls)
+
+
+BATCHES = {"cartpole": cartpole_batch, "gym_cards/numberline_vlm": numberline_vlm_batch}
+
+
+def train(rank: int, world_size: int, hparams: dict, init_file: str | None, out: str | None,
+          problem_name: str = "cartpole"):
     """Builds the agent and the batch as every rank does (same seeds), trains this rank's share."""
     data_parallel = (DataParallel(rank, world_size, CPU, timeout_s=60, init_method=f"file://{init_file}")
                      if world_size > 1 else None)
     try:
         torch.manual_seed(0)
-        problem = load_problem("cartpole", hparams)
+        problem = load_problem(problem_name, hparams)
         agent = problem.make_agent()
-        batch = cartpole_batch(problem, agent)
+        batch = BATCHES[problem_name](problem, agent)
         if data_parallel:
             with torch.no_grad():  # another start on each rank, so that the broadcast must make them one
                 for p in agent.parameters():
-                    p.add_(rank * 0.1)
+                    if p.requires_grad:
+                        p.add_(rank * 0.1)
             data_parallel.broadcast_module(agent)
         share = torch.arange(batch.batch_size).chunk(world_size)[rank]
         trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(), CPU,
                           data_parallel=data_parallel)
         for _ in range(3):
             trainer.update(batch.select(share))
-        weights = {n: p.detach().clone() for n, p in agent.named_parameters()}
+        weights = {n: p.detach().clone() for n, p in agent.named_parameters() if p.requires_grad}
         if out:
             torch.save(weights, f"{out}/rank{rank}.pt")
         return weights
@@ -76,6 +102,23 @@ def test_two_ranks_with_half_the_batch_each_end_where_one_rank_with_all_of_it_do
         torch.testing.assert_close(ranks[0][name], value, atol=1e-5, rtol=1e-5, msg=name)
     assert any(not torch.equal(value, torch.load(tmp_path / "rank0.pt")[name]) for name, value in
                train(0, 1, {**hparams, "learning_rate": "0.01"}, None, None).items())  # the comparison can fail
+
+
+def test_two_ranks_train_a_tiny_vlms_lora_adapters_as_one_rank_does(tmp_path, monkeypatch):
+    """V-trace's loss averages over every step of the batch, so halves of any batch add up."""
+    pytest.importorskip("transformers", reason="the vlm extra (make install puts it in)")
+    monkeypatch.setenv("FLEETRL_CACHE", str(tmp_path / "models"))  # spawned ranks inherit it: one build
+    hparams = {"algorithm": "vtrace", "lora_rank": "4", "learning_rate": "1e-3"}
+    load_problem("gym_cards/numberline_vlm", hparams).make_agent()  # built once, before any rank draws a number
+    alone = train(0, 1, hparams, None, None, "gym_cards/numberline_vlm")
+    assert any("lora_" in name for name in alone) and not any(
+        "lora_" not in name and ".model." in name for name in alone if not name.startswith("value_head."))
+    mp.spawn(train, args=(2, hparams, str(tmp_path / "init"), str(tmp_path), "gym_cards/numberline_vlm"),
+             nprocs=2, join=True)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    for name, value in alone.items():
+        torch.testing.assert_close(ranks[0][name], ranks[1][name], atol=0, rtol=0, msg=name)
+        torch.testing.assert_close(ranks[0][name], value, atol=1e-5, rtol=1e-5, msg=name)
 
 
 def stall(rank: int, init_file: str, out: str):

@@ -118,3 +118,16 @@ def test_a_rank_that_dies_ends_the_other_with_the_error_named(tmp_path):
             if process.poll() is None:
                 process.kill()
                 process.wait()
+
+
+def test_an_actor_given_the_ranks_addresses_picks_one_by_its_id():
+    from fleetrl.actor.actor import ActorError, pick_learner
+
+    ranks = "127.0.0.1:7000, 127.0.0.1:7001,127.0.0.1:7002"
+    picked = [pick_learner(ranks, f"host:{pid}") for pid in range(300)]
+    assert set(picked) == {"127.0.0.1:7000", "127.0.0.1:7001", "127.0.0.1:7002"}
+    assert min(picked.count(a) for a in set(picked)) > 60  # spread over the ranks
+    assert all(pick_learner(ranks, f"host:{pid}") == picked[pid] for pid in range(300))  # the same every time
+    assert pick_learner("unix:/tmp/learner", "anyone") == "unix:/tmp/learner"
+    with pytest.raises(ActorError, match="names no learner"):
+        pick_learner(" , ", "a")
