@@ -16,13 +16,13 @@ this actor's old stream for a moment (ALREADY_EXISTS), which is waited out like 
 from __future__ import annotations
 
 import collections
+import hashlib
 import logging
 import os
 import queue
 import random
 import socket
 import time
-import zlib
 from collections.abc import Iterator
 
 import grpc
@@ -241,7 +241,7 @@ def pick_learner(addresses: str, actor_id: str) -> str:
     choices = [a.strip() for a in addresses.split(",") if a.strip()]
     if not choices:
         raise ActorError(f"--learner_address={addresses!r} names no learner")
-    return choices[zlib.crc32(actor_id.encode()) % len(choices)]
+    return choices[int.from_bytes(hashlib.sha256(actor_id.encode()).digest()[:8], "big") % len(choices)]
 
 
 def handshake_message(problem_name: str, problem: Problem, actor_id: str, num_envs: int,

@@ -16,7 +16,7 @@ MODES = ("train", "eval")
 class ActorConfig:
     learner_address: str = setting("127.0.0.1:8686", "host:port or unix:/path of the learner; a comma-separated "
                                                       "list of learner ranks' addresses: the actor serves the one "
-                                                      "its id picks (crc32 of the id, mod their count), always.")
+                                                      "its id picks (a SHA-256 of the id, mod their count), always.")
     problem: str | None = setting(None, "The Problem; default: ask the learner which Problem (and hparams) it "
                                         "serves.")
     hparams: dict[str, str] = setting(default_factory=dict,

@@ -104,6 +104,7 @@ def test_two_ranks_with_half_the_batch_each_end_where_one_rank_with_all_of_it_do
                train(0, 1, {**hparams, "learning_rate": "0.01"}, None, None).items())  # the comparison can fail
 
 
+@pytest.mark.slow
 def test_two_ranks_train_a_tiny_vlms_lora_adapters_as_one_rank_does(tmp_path, monkeypatch):
     """V-trace's loss averages over every step of the batch, so halves of any batch add up."""
     pytest.importorskip("transformers", reason="the vlm extra (make install puts it in)")

@@ -131,3 +131,41 @@ def test_an_actor_given_the_ranks_addresses_picks_one_by_its_id():
     assert pick_learner("unix:/tmp/learner", "anyone") == "unix:/tmp/learner"
     with pytest.raises(ActorError, match="names no learner"):
         pick_learner(" , ", "a")
+
+
+@pytest.mark.slow
+def test_torchrun_starts_the_learner_ranks_and_actors_find_theirs(tmp_path):
+    from fleetrl.actor.actor import pick_learner
+
+    logdir, port = tmp_path / "run", free_port()
+    addresses = f"127.0.0.1:{port},127.0.0.1:{port + 1}"
+    ids = [f"actor-{i}" for i in range(20)]
+    # Two ids that pick different ranks: a rank with no actor would hold the other (lockstep).
+    chosen = [next(i for i in ids if pick_learner(addresses, i).endswith(str(port + r))) for r in range(2)]
+    torchrun = subprocess.Popen(
+        [os.path.join(os.path.dirname(sys.executable), "torchrun"), "--nproc_per_node=2",
+         f"--master_port={free_port()}", "-m", "fleetrl.launch.learner", "--problem=cartpole", f"--logdir={logdir}",
+         f"--bind=127.0.0.1:{port}", "--total_env_steps=4000", "--collective_timeout_s=60"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    actors = []
+    try:
+        deadline = time.monotonic() + 60
+        while not (logdir / "learner_address.rank1").exists() or not (logdir / "learner_address").exists():
+            assert torchrun.poll() is None and time.monotonic() < deadline, torchrun.stdout.read()
+            time.sleep(0.1)
+        actors = [subprocess.Popen([sys.executable, "-m", "fleetrl.launch.actor", f"--learner_address={addresses}",
+                                    "--num_envs=8", f"--actor_id={actor_id}"], stderr=subprocess.PIPE, text=True)
+                  for actor_id in chosen]
+        output, _ = torchrun.communicate(timeout=120)
+        assert torchrun.returncode == 0, output
+        for rank, actor in enumerate(actors):
+            _, log = actor.communicate(timeout=30)
+            assert f"connected to 127.0.0.1:{port + rank}" in log, log
+        summary = json.loads((logdir / "summary.json").read_text())
+        assert summary["env_steps"] >= 4000 and summary["reason"].startswith("total_env_steps"), summary
+        assert json.loads((logdir / "rank1" / "summary.json").read_text())["env_steps"] == summary["env_steps"]
+    finally:
+        for process in [torchrun, *actors]:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
