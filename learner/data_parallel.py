@@ -73,10 +73,11 @@ class DataParallel:
                                     timeout=datetime.timedelta(seconds=timeout_s))
         self._owns_group = True
 
-    @property
-    def is_writer(self) -> bool:
-        """Rank 0 writes checkpoints, summaries and run files."""
-        return self.rank == 0
+    @classmethod
+    def of(cls, config, device: torch.device) -> DataParallel | None:
+        """The group of a LearnerConfig's ranks; None for a learner on its own."""
+        return cls(config.rank, config.world_size, device, config.collective_timeout_s) if config.world_size > 1 \
+            else None
 
     def broadcast_module(self, module: torch.nn.Module) -> None:
         """Rank 0's parameters and buffers, on every rank."""

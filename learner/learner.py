@@ -40,7 +40,7 @@ from fleetrl.learner.inference_batcher import InferenceBatcher
 from fleetrl.learner.metrics import EpisodeWindow, RateMeter, ScalarMeans
 from fleetrl.learner.monitor import Monitor
 from fleetrl.learner.rank_sync import RankSync
-from fleetrl.learner.run_files import RunSummary, write_run_config, write_summary
+from fleetrl.learner.run_files import RunSummary, rank_logdir, write_run_config, write_summary
 from fleetrl.learner.run_state import RunState
 from fleetrl.learner.server import LearnerService, ServedRun
 from fleetrl.learner.serving import LearnerServer
@@ -66,11 +66,8 @@ class Learner:
         torch.set_num_threads(config.torch_threads)
         torch.manual_seed(config.seed)
         self.device = torch.device(config.device)
-        # Learner ranks (docs/deployment.md): rank 0 writes the run's files; the others keep their own
-        # summaries in <logdir>/rank<r>.
-        self.ranks = (DataParallel(config.rank, config.world_size, self.device, config.collective_timeout_s)
-                      if config.world_size > 1 else None)
-        self.own_logdir = config.logdir if config.rank == 0 else os.path.join(config.logdir, f"rank{config.rank}")
+        self.ranks = DataParallel.of(config, self.device)  # None for one learner; docs/deployment.md
+        self.own_logdir = rank_logdir(config.logdir, config.rank)  # rank 0: the logdir; rank r: its rank<r>/
         self.problem = problem or load_problem(config.problem, config.hparams)
         self.agent = self.problem.make_agent().to(self.device)
         self.optimizer = self.problem.make_optimizer(self.agent.parameters())
@@ -245,7 +242,7 @@ class Learner:
         last_eval = self.eval_rounds.last
         return pb.Status(
             env_steps=steps, env_steps_per_s=self._env_rate.rate(steps), episodes=counts.episodes,
-            mean_episode_return=self._mean_return(), policy_lag=self.trainer.last_policy_lag,
+            mean_episode_return=self.fleet.shown_return(), policy_lag=self.trainer.last_policy_lag,
             trainer_steps=self.policy.version, connected_actors=len(self.actors),
             finished=self.stop.is_set(), finished_reason=self._reason, uptime_s=time.monotonic() - self._started,
             mean_inference_batch_size=self.inference.batch_envs / max(self.inference.batches, 1),
@@ -255,15 +252,10 @@ class Learner:
             resent_steps=self.service.resent_steps,
         )
 
-    def _mean_return(self) -> float:
-        """The fleet's once every rank's window is full, else this learner's."""
-        fleet = self.fleet.counts().mean_return
-        return self.episodes.mean("return") if math.isnan(fleet) else fleet
-
     def summary(self) -> RunSummary:
         return RunSummary(
             reason=self._reason, env_steps=self.fleet.counts().env_steps, episodes=self.fleet.counts().episodes,
-            mean_episode_return=self._mean_return(), return_window=self.config.return_window,
+            mean_episode_return=self.fleet.shown_return(), return_window=self.config.return_window,
             trainer_steps=self.policy.version,
             wall_s=time.monotonic() - self._started,
             target_reached=self._reason.startswith("target reached") if self.stop_conditions.has_target else None,

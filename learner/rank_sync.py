@@ -54,6 +54,12 @@ class RankSync:
             return FleetCounts(self._local_env_steps(), self._episodes.total, self._local_mean_return())
         return self._last
 
+    def shown_return(self) -> float:
+        """The mean return to report: the fleet's once every rank's window is full, else this
+        learner's, however few episodes its window holds."""
+        fleet = self.counts().mean_return
+        return self._episodes.mean("return") if math.isnan(fleet) else fleet
+
     def _local_mean_return(self) -> float:
         return self._episodes.mean("return") if len(self._episodes) >= self._window else math.nan
 

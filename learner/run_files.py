@@ -46,6 +46,11 @@ def write_run_config(config: LearnerConfig, problem: Problem, logdir: str | None
     return run_config
 
 
+def rank_logdir(logdir: str, rank: int) -> str:
+    """Where a learner rank writes its own files: rank 0 the run's logdir, rank r <logdir>/rank<r>."""
+    return logdir if rank == 0 else os.path.join(logdir, f"rank{rank}")
+
+
 def address_file(logdir: str, rank: int = 0) -> str:
     """Where a learner writes the address it serves: <logdir>/learner_address, rank r's with .rank<r>."""
     return os.path.join(logdir, "learner_address" + (f".rank{rank}" if rank else ""))
