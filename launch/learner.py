@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import signal
+import sys
 
 from absl import flags, logging
 
@@ -73,7 +74,9 @@ def main(argv: list[str]) -> int:
         summary = learner.run()
     except RankFailure as e:  # another learner rank died or hung: this one's checkpoint and logs are written
         logging.error("%s", e)
-        return 4
+        logging.flush()
+        sys.stdout.flush()
+        os._exit(4)  # now: the broken process group's threads can abort an ordinary interpreter exit
     logging.info("run ended: %s; %s env steps, %s episodes, mean return %.1f, %s trainer steps, %.0fs",
                  summary.reason, f"{summary.env_steps:,}", summary.episodes, summary.mean_episode_return,
                  summary.trainer_steps, summary.wall_s)

@@ -118,6 +118,8 @@ class DataParallel:
         """A float64 sum of every parameter: equal on every rank while they agree."""
         return float(sum(p.detach().double().sum() for p in parameters))
 
-    def close(self) -> None:
-        if self._owns_group and dist.is_initialized():
+    def close(self, abandoned: bool = False) -> None:
+        """Ends the group; `abandoned` (after a failure) leaves a broken group to the process's
+        exit, since tearing it down can wait on the rank that failed."""
+        if self._owns_group and dist.is_initialized() and not abandoned:
             dist.destroy_process_group()

@@ -23,6 +23,7 @@ import functools
 import logging
 import math
 import os
+import sys
 import threading
 import time
 
@@ -193,7 +194,7 @@ class Learner:
             summaries.close()
             self.eval_results.close()
             if self.ranks:
-                self.ranks.close()
+                self.ranks.close(abandoned=sys.exc_info()[0] is not None)
         summary = dataclasses.replace(self.summary(), final_checkpoint=final_checkpoint)
         write_summary(self.own_logdir, summary)
         return summary

@@ -35,25 +35,11 @@ def cartpole_batch(problem, agent, unroll_length=5, num_envs=8) -> UnrollBatch:
     return UnrollBatch.collate(unrolls)
 
 
-def numberline_vlm_batch(problem, agent, unroll_length=2, num_envs=4) -> UnrollBatch:
+def numberline_vlm_batch(problem, agent) -> UnrollBatch:
     """Real unrolls of NumberLine steps, the tiny VLM generating each answer."""
-    store = build_state_store(problem, agent, unroll_length, CPU)
-    unrolls = []
-    inference = InferenceStep(problem, agent, PolicyVersion(), store, lambda u: unrolls.append(u) or True, CPU)
-    envs = [problem.make_actor_env() for _ in range(num_envs)]
-    obs = [env.reset(seed=i)[0] for i, env in enumerate(envs)]
-    slots, run_ids = store.allocate(num_envs), np.arange(1, num_envs + 1, dtype=np.uint64)
-    reward, terminated = np.zeros(num_envs, np.float32), np.zeros(num_envs, bool)
-    for _ in range(unroll_length + 1):
-        observation = {k: np.stack([o[k] for o in obs]) for k in obs[0]}
-        request = StepRequest(slots=slots, run_ids=run_ids, observation=observation, extras={}, reward=reward,
-                              terminated=terminated, truncated=np.zeros(num_envs, bool))
-        actions = inference([request])[0]
-        for i, env in enumerate(envs):
-            obs[i], reward[i], terminated[i], truncated, _ = env.step({k: v[i] for k, v in actions.items()})
-            if terminated[i] or truncated:
-                obs[i] = env.reset()[0]
-    return UnrollBatch.collate(unrolls)
+    from test_vlm_agent import real_unrolls  # tests/ is on the path, here and in spawned ranks
+
+    return real_unrolls(problem, agent)
 
 
 BATCHES = {"cartpole": cartpole_batch, "gym_cards/numberline_vlm": numberline_vlm_batch}
@@ -123,19 +109,22 @@ def test_two_ranks_train_a_tiny_vlms_lora_adapters_as_one_rank_does(tmp_path, mo
 
 
 def stall(rank: int, init_file: str, out: str):
-    """Rank 1 joins the group and never reaches the first collective."""
+    """Rank 1 joins the group and never reaches the first collective. Both leave by
+    os._exit: a process group broken this way is left to the process's end, as the learner does."""
+    import os
     import time
 
     data_parallel = DataParallel(rank, 2, CPU, timeout_s=3, init_method=f"file://{init_file}")
     if rank == 1:
-        time.sleep(15)
-        return
+        time.sleep(8)
+        os._exit(0)
     started = time.monotonic()
     try:
         data_parallel.exchange(False, {"env_steps": 1.0})
     except RuntimeError as e:
         with open(f"{out}/error.txt", "w") as f:
             f.write(f"{time.monotonic() - started:.1f}\n{e}")
+    os._exit(0)
 
 
 def test_a_rank_that_stops_answering_ends_the_others_collective_within_the_timeout(tmp_path):
