@@ -112,7 +112,8 @@ class Learner:
 
         self.step_ledger = StepLedger()
         self.fleet = RankSync(config.world_size, lambda: self.inference.env_steps, self.episodes,
-                              config.return_window, list(self.agent.parameters()), config.collective_timeout_s)
+                              config.return_window, [p for p in self.agent.parameters() if p.requires_grad],
+                              config.collective_timeout_s)
         self.run_state = RunState(config, self.agent, self.optimizer, self.policy, self.inference, self.episodes,
                                   self.step_ledger, self.eval_rounds, self.trainer.shuffle_generator, self.device,
                                   self.fleet)

@@ -37,7 +37,8 @@ class FleetCounts:
 class RankSync:
     def __init__(self, world_size: int, local_env_steps: Callable[[], int], episodes: EpisodeWindow,
                  return_window: int, parameters: list[torch.nn.Parameter], timeout_s: float = 300.0):
-        """`local_env_steps()` reads this rank's count (the inference step's)."""
+        """`local_env_steps()` reads this rank's count (the inference step's); `parameters`,
+        those whose checksum the ranks compare (the trainable ones: a frozen base never moves)."""
         self.world_size, self.timeout_s = world_size, timeout_s
         self._local_env_steps, self._episodes, self._window = local_env_steps, episodes, return_window
         self._parameters = parameters
