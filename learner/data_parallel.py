@@ -9,8 +9,9 @@ through one process group (gloo on CPU, NCCL on GPU):
 - after each backward pass, the gradients are averaged over the ranks in one flat bucket
   (the all-reduce that DDP does; done here because an agent's training entry point is
   `unroll`, not `forward`), so every rank takes the same optimizer step;
-- once per batch, the ranks agree on whether to stop and add up their counters
-  (`exchange`), so the learning-rate schedule and the step budget see the whole fleet.
+- once per batch, the ranks agree on whether to stop and on the fleet's counts
+  (`fleetrl.learner.rank_sync`), so the learning-rate schedule and the step budget see
+  the whole fleet.
 
 Ranks train in lockstep: a rank whose actors are slow holds every other rank at its next
 collective. A rank that dies or hangs makes the others' next collective fail after
@@ -24,7 +25,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -71,7 +72,6 @@ class DataParallel:
         if not dist.is_initialized():
             dist.init_process_group(backend_for(device), init_method=init_method, rank=rank, world_size=world_size,
                                     timeout=datetime.timedelta(seconds=timeout_s))
-        self._owns_group = True
 
     @classmethod
     def of(cls, config, device: torch.device) -> DataParallel | None:
@@ -106,20 +106,8 @@ class DataParallel:
         collective("mean", self.timeout_s, lambda: dist.all_reduce(tensor))
         return float(tensor) / self.world_size
 
-    def exchange(self, stop: bool, counters: Mapping[str, float]) -> tuple[bool, dict[str, float]]:
-        """Whether any rank stops, and each counter summed over the ranks (same names, same
-        order on every rank)."""
-        names = sorted(counters)
-        tensor = torch.tensor([float(stop), *(float(counters[n]) for n in names)], dtype=torch.float64)
-        collective("exchange", self.timeout_s, lambda: dist.all_reduce(tensor))
-        return bool(tensor[0] > 0), dict(zip(names, tensor[1:].tolist()))
-
-    def checksum(self, parameters: Iterable[torch.Tensor]) -> float:
-        """A float64 sum of every parameter: equal on every rank while they agree."""
-        return float(sum(p.detach().double().sum() for p in parameters))
-
     def close(self, abandoned: bool = False) -> None:
         """Ends the group; `abandoned` (after a failure) leaves a broken group to the process's
         exit, since tearing it down can wait on the rank that failed."""
-        if self._owns_group and dist.is_initialized() and not abandoned:
+        if dist.is_initialized() and not abandoned:
             dist.destroy_process_group()
