@@ -64,6 +64,9 @@ class LearnerConfig:
                                  "holding the same weights (torchrun's WORLD_SIZE sets it; docs/deployment.md).")
     rank: int = setting(0, "This learner's rank, 0 .. world_size-1 (torchrun's RANK sets it). Rank 0 writes "
                            "checkpoints, TensorBoard and the run files; rank r serves on --bind's port + r.")
+    fsdp: bool = setting(False, "Learner ranks: train with FSDP, each rank holding 1/world_size of the trained "
+                                "weights, gradients and optimizer state; inference keeps a whole copy, refreshed "
+                                "after each update (docs/deployment.md).")
     collective_timeout_s: float = setting(300.0, "Learner ranks: a rank that does not join a collective (the "
                                                  "per-batch exchange, a gradient all-reduce) within this long ends "
                                                  "every rank with an error naming it.")

@@ -45,6 +45,7 @@ from fleetrl.learner.run_files import RunSummary, rank_logdir, write_run_config,
 from fleetrl.learner.run_state import RunState
 from fleetrl.learner.server import LearnerService, ServedRun
 from fleetrl.learner.serving import LearnerServer
+from fleetrl.learner.sharded import ShardedAgent
 from fleetrl.learner.step_ledger import StepLedger
 from fleetrl.learner.stop_conditions import StopConditions
 from fleetrl.learner.summaries import TrainSummaries
@@ -70,8 +71,10 @@ class Learner:
         self.ranks = DataParallel.of(config, self.device)  # None for one learner; docs/deployment.md
         self.own_logdir = rank_logdir(config.logdir, config.rank)  # rank 0: the logdir; rank r: its rank<r>/
         self.problem = problem or load_problem(config.problem, config.hparams)
-        self.agent = self.problem.make_agent().to(self.device)
-        self.optimizer = self.problem.make_optimizer(self.agent.parameters())
+        self.agent = self.problem.make_agent().to(self.device)  # inference's (and, without FSDP, training's)
+        self.sharded = self._sharded()
+        self.optimizer = self.problem.make_optimizer((self.sharded.training if self.sharded else self.agent)
+                                                     .parameters())
         self.lr_schedule = LearningRateSchedule(self.problem.config.learning_rate_schedule, config.total_env_steps,
                                                 self.problem.config.learning_rate_warmup_updates)
         if self.problem.config.learning_rate_schedule != "constant" and not self.lr_schedule.decays:
@@ -89,7 +92,7 @@ class Learner:
 
         # Training: inference -> state store -> unroll hook -> unroll queue -> trainer.
         self.trainer = Trainer(self.problem, self.agent, self.optimizer, self.policy, self.device,
-                               config.block_inference_on_training, config.seed, self.ranks)
+                               config.block_inference_on_training, config.seed, self.ranks, self.sharded)
         if config.batch_size % self.trainer.minibatches:  # found now, not at the first update
             raise ValueError(f"batch_size {config.batch_size} does not split into the Problem's "
                              f"{self.trainer.minibatches} minibatches; change --batch_size or minibatches")
@@ -116,13 +119,15 @@ class Learner:
                               config.collective_timeout_s)
         self.run_state = RunState(config, self.agent, self.optimizer, self.policy, self.inference, self.episodes,
                                   self.step_ledger, self.eval_rounds, self.trainer.shuffle_generator, self.device,
-                                  self.fleet)
+                                  self.fleet, self.sharded)
         takes_records = self.problem.learner_writes_eval_records()  # eval actors send episode records
         self.eval_results = EvalResults(self.own_logdir, config.best_metric, self.run_state,
                                         self.problem.write_eval_records if takes_records else None)
         self.resumed_from = self.run_state.resume_or_warm_start()
         if self.ranks:  # every rank starts from rank 0's weights (a resume loaded the same ones everywhere)
             self.ranks.broadcast_module(self.agent)
+        if self.sharded:
+            self.sharded.load_inference_weights()
         self.stop_conditions = StopConditions(config, self.fleet, self.run_state)
 
         self.service = LearnerService(ServedRun(
@@ -158,7 +163,7 @@ class Learner:
         monitor = Monitor(self.stop, self.stop_conditions, self.finish, summaries, self.config.summary_interval_s,
                           self._started)
         monitor.start()
-        agreed = False  # every rank left the loop at the same batch: they can meet once more
+        stopped_together = False  # every rank left the loop at the same batch: they can meet once more
         try:
             while True:
                 # Unrolls waiting when the trainer comes back for more (at batch_size or above, the
@@ -167,9 +172,10 @@ class Learner:
                 started = time.monotonic()
                 batch = self.unrolls.get_batch(self.config.batch_size)
                 # With learner ranks, any rank's stop ends every rank at this same batch.
-                if self.fleet.exchange(stopping=batch is None or self.stop.is_set()):
+                agreed = self.fleet.exchange(batch is None or self.stop.is_set(), self.run_state.checkpoint_due())
+                if agreed.stop:
                     self.finish(self.stop_conditions.reason_to_stop() or "another learner rank stopped")
-                    agreed = True
+                    stopped_together = True
                     break
                 waited = time.monotonic() - started
                 if not self.config.train:
@@ -177,7 +183,8 @@ class Learner:
                 self.lr_schedule.apply(self.optimizer, self.fleet.counts().env_steps, self.policy.version)
                 self.scalars.add_all(self.trainer.update(batch))
                 self.scalars.add("learner/trainer_idle_fraction", waited / max(time.monotonic() - started, 1e-9))
-                self.run_state.save_if_due()
+                if agreed.checkpoint:
+                    self.run_state.save()
         except BaseException as e:
             self.finish(f"error: {e!r}")
             raise
@@ -187,11 +194,12 @@ class Learner:
             self.eval_batcher.stop()
             self.server.stop(grace=5).wait()
             self.service.close()
-            if agreed:  # the fleet's final counts, once every rank has served its last step
+            if stopped_together:  # the fleet's final counts, once every rank has served its last step
                 self.fleet.exchange(stopping=True)
             monitor.join(timeout=10)
             summaries.write()
-            final_checkpoint = self.run_state.save() if self.config.rank == 0 else None
+            # Under FSDP every rank takes part (the optimizer state is gathered), so not after a rank failed.
+            final_checkpoint = self.run_state.save() if stopped_together or not self.sharded else None
             summaries.close()
             self.eval_results.close()
             if self.ranks:
@@ -199,6 +207,15 @@ class Learner:
         summary = dataclasses.replace(self.summary(), final_checkpoint=final_checkpoint)
         write_summary(self.own_logdir, summary)
         return summary
+
+    def _sharded(self) -> ShardedAgent | None:
+        if not self.config.fsdp:
+            return None
+        if not self.ranks:
+            raise ValueError("--fsdp shards the training over learner ranks: give it --learner_ranks (or "
+                             "torchrun's --nproc_per_node) of 2 or more")
+        log.info("training sharded by FSDP over %d learner ranks; inference keeps a whole copy", self.ranks.world_size)
+        return ShardedAgent(self.agent, self.ranks)
 
     def finish(self, reason: str) -> None:
         """Ends the run: the first reason given is the one reported."""

@@ -1,4 +1,5 @@
-"""What the learner ranks agree on once per batch: whether to stop, and the fleet's counters.
+"""What the learner ranks agree on once per batch: whether to stop, whether to checkpoint,
+and the fleet's counters.
 
 One learner (one rank) counts its own env steps and episodes. With data-parallel ranks,
 the learning-rate schedule, the step budget, the return target, TensorBoard's step axis,
@@ -34,6 +35,12 @@ class FleetCounts:
     mean_return: float  # the mean over ranks of their return windows' means; NaN until every window is full
 
 
+@dataclasses.dataclass(frozen=True)
+class Agreed:
+    stop: bool  # some rank stops: every rank stops at this batch
+    checkpoint: bool  # rank 0's checkpoint is due: every rank takes part after this batch
+
+
 class RankSync:
     def __init__(self, world_size: int, local_env_steps: Callable[[], int], episodes: EpisodeWindow,
                  return_window: int, parameters: list[torch.nn.Parameter], timeout_s: float = 300.0):
@@ -64,11 +71,12 @@ class RankSync:
     def _local_mean_return(self) -> float:
         return self._episodes.mean("return") if len(self._episodes) >= self._window else math.nan
 
-    def exchange(self, stopping: bool) -> bool:
-        """Whether any rank stops; updates the fleet's counts. Every rank calls it once per
-        batch, before training it. Raises RanksDiverged if the ranks' weights differ."""
+    def exchange(self, stopping: bool, checkpoint_due: bool = False) -> Agreed:
+        """Whether any rank stops, and whether rank 0's checkpoint is due; updates the fleet's
+        counts. Every rank calls it once per batch, before training it. Raises RanksDiverged
+        if the ranks' weights differ."""
         if self.world_size == 1:
-            return stopping
+            return Agreed(stopping, checkpoint_due)
         base_steps, base_episodes = self._base
         mean_return = self._local_mean_return()
         with torch.no_grad():
@@ -76,7 +84,7 @@ class RankSync:
         row = torch.tensor([float(stopping), self._local_env_steps() - base_steps,
                             self._episodes.total - base_episodes,
                             0.0 if math.isnan(mean_return) else 1.0, 0.0 if math.isnan(mean_return) else mean_return,
-                            checksum], dtype=torch.float64)
+                            checksum, float(checkpoint_due)], dtype=torch.float64)
         rows = [torch.empty_like(row) for _ in range(self.world_size)]
         collective("per-batch exchange", self.timeout_s, lambda: dist.all_gather(rows, row))
         table = torch.stack(rows)
@@ -87,4 +95,4 @@ class RankSync:
         self._last = FleetCounts(env_steps=base_steps + int(table[:, 1].sum()),
                                  episodes=base_episodes + int(table[:, 2].sum()),
                                  mean_return=float(table[:, 4].mean()) if full else math.nan)
-        return bool(table[:, 0].max() > 0)
+        return Agreed(stop=bool(table[:, 0].max() > 0), checkpoint=bool(table[0, 6] > 0))

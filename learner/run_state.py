@@ -16,6 +16,10 @@ rounds, the policy version); this object is the one place that knows all of them
 A checkpoint that cannot be written (a full disk, an I/O error) is logged and counted in
 `failed_checkpoint_writes`, and training goes on: the write is tried again at the next
 interval, and the last good checkpoint stays whole (files are written aside and renamed).
+
+With learner ranks, every rank decides to save at the same batch (`checkpoint_due` is rank
+0's, agreed in the per-batch exchange) and calls `save`: under FSDP the optimizer state is
+gathered from every rank's shard. Rank 0 alone writes.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ from fleetrl.learner.eval_rounds import EvalRounds
 from fleetrl.learner.inference import InferenceStep, PolicyVersion
 from fleetrl.learner.metrics import EpisodeWindow
 from fleetrl.learner.rank_sync import RankSync
+from fleetrl.learner.sharded import ShardedAgent
 from fleetrl.learner.step_ledger import StepLedger
 
 log = logging.getLogger(__name__)
@@ -49,7 +54,7 @@ class RunState:
     def __init__(self, config: LearnerConfig, agent: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  policy: PolicyVersion, inference: InferenceStep, episodes: EpisodeWindow, step_ledger: StepLedger,
                  eval_rounds: EvalRounds, shuffle_generator: torch.Generator, device: torch.device,
-                 fleet: RankSync):
+                 fleet: RankSync, sharded: ShardedAgent | None = None):
         self.config = config
         self.agent, self.optimizer = agent, optimizer
         self.policy, self.inference, self.episodes, self.eval_rounds = policy, inference, episodes, eval_rounds
@@ -57,6 +62,7 @@ class RunState:
         self.shuffle_generator = shuffle_generator
         self.device = device
         self.fleet = fleet  # the counts a checkpoint holds are the whole fleet's, over every learner rank
+        self.sharded = sharded  # FSDP: the optimizer state is in shards, across the ranks
         self.checkpoints = CheckpointDir(os.path.join(config.logdir, "checkpoints"), config.keep_checkpoints)
         self.best: float | None = None
         self._last_save = (time.monotonic(), 0)  # (time, policy version)
@@ -66,8 +72,10 @@ class RunState:
     def env_steps(self) -> int:
         return self.fleet.counts().env_steps
 
-    def checkpoint(self, model: dict[str, torch.Tensor] | None = None, with_optimizer: bool = True) -> dict:
-        """Everything a resume needs, as tensors and plain values (loadable with weights_only=True)."""
+    def checkpoint(self, model: dict[str, torch.Tensor] | None = None, with_optimizer: bool = True,
+                   optimizer: dict | None = None) -> dict:
+        """Everything a resume needs, as tensors and plain values (loadable with weights_only=True).
+        `optimizer`: the optimizer's state when already gathered (`optimizer_state`)."""
         state = {
             "format": CHECKPOINT_FORMAT, "problem": self.config.problem, "hparams": dict(self.config.hparams),
             "learner_config": dataclasses.asdict(self.config),
@@ -81,14 +89,22 @@ class RunState:
             "rng": {"torch": torch.get_rng_state(), "trainer_shuffle": self.shuffle_generator.get_state()},
         }
         if with_optimizer:
-            state["optimizer"] = self.optimizer.state_dict()
+            state["optimizer"] = optimizer if optimizer is not None else self.optimizer_state()
         return state
 
+    def optimizer_state(self) -> dict:
+        """The optimizer's whole state (under FSDP a collective, whole on rank 0 only)."""
+        return self.sharded.optimizer_state(self.optimizer) if self.sharded else self.optimizer.state_dict()
+
     def save(self) -> str | None:
-        """Writes a periodic checkpoint; returns its path, or None when it could not be written."""
+        """Writes a periodic checkpoint; returns its path, or None when it could not be written
+        (or on ranks other than 0, which only take part in gathering it)."""
         self._last_save = (time.monotonic(), self.policy.version)  # a failed write waits for the next interval too
+        optimizer = self.optimizer_state()
+        if self.config.rank != 0:
+            return None
         try:
-            return self.checkpoints.save(self.checkpoint())
+            return self.checkpoints.save(self.checkpoint(optimizer=optimizer))
         except OSError as e:
             self._write_failed(f"checkpoint at policy version {self.policy.version}", e)
             return None
@@ -98,15 +114,15 @@ class RunState:
         log.error("%s not written: %s. Training goes on and writes it again at the next interval; the last good "
                   "checkpoint is %s", what, error, self.checkpoints.latest() or "none (no checkpoint yet)")
 
-    def save_if_due(self) -> None:
-        """A periodic checkpoint, every checkpoint_interval_s and/or checkpoint_every_steps."""
+    def checkpoint_due(self) -> bool:
+        """Whether a periodic checkpoint is due (every checkpoint_interval_s and/or
+        checkpoint_every_steps)."""
         last_time, last_version = self._last_save
         interval = self.config.checkpoint_interval_s
         by_time = interval and time.monotonic() - last_time >= interval
         by_steps = (self.config.checkpoint_every_steps
                     and self.policy.version - last_version >= self.config.checkpoint_every_steps)
-        if by_time or by_steps:
-            self.save()
+        return bool(by_time or by_steps)
 
     def offer_best(self, value: float | None, model: dict[str, torch.Tensor], policy_version: int,
                    metrics: dict[str, float]) -> bool:
@@ -141,7 +157,10 @@ class RunState:
         if "optimizer" not in checkpoint:
             raise CheckpointError(f"{latest} holds no optimizer state and cannot resume a run")
         self.agent.load_state_dict(checkpoint["model"])
-        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        if self.sharded:  # every rank loads the whole state and keeps its shard
+            self.sharded.load_optimizer_state(self.optimizer, checkpoint["optimizer"])
+        else:
+            self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.policy.version = checkpoint["policy_version"]
         self.inference.env_steps = checkpoint["env_steps"]
         self.episodes.total = checkpoint["episodes"]

@@ -10,7 +10,9 @@ section as short as an optimizer step.
 
 With learner ranks (`data_parallel`), each optimizer step averages the gradients over the
 ranks first, and a target_kl stop reads the ranks' mean KL, so every rank takes the same
-steps and keeps the same weights.
+steps and keeps the same weights. With `sharded` (FSDP, `fleetrl.learner.sharded`), the
+trainer steps a sharded twin of the agent instead, whose gradients FSDP averages, and
+publishes each step's weights to inference's copy under the lock.
 
 With `block_inference_on_training` the trainer instead holds the lock for its whole update
 (every epoch and minibatch), as SEED RL's option of that name does: no action is chosen
@@ -27,6 +29,7 @@ import torch
 from fleetrl.agents.base import Agent
 from fleetrl.learner.data_parallel import DataParallel
 from fleetrl.learner.inference import PolicyVersion
+from fleetrl.learner.sharded import ShardedAgent, whole
 from fleetrl.learner.state_trust_region import StateTrustRegion
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.base import Problem
@@ -44,9 +47,12 @@ class Step:
 class Trainer:
     def __init__(self, problem: Problem, agent: Agent, optimizer: torch.optim.Optimizer,
                  policy: PolicyVersion, device: torch.device, block_inference_on_training: bool = False,
-                 seed: int = 0, data_parallel: DataParallel | None = None):
+                 seed: int = 0, data_parallel: DataParallel | None = None, sharded: ShardedAgent | None = None):
+        """`agent` is the model inference uses; with `sharded`, the trainer steps its
+        sharded twin, which `optimizer` holds."""
         self.problem = problem
-        self.agent = agent
+        self.sharded = sharded
+        self.agent = sharded.training if sharded else agent
         self.optimizer = optimizer
         self.policy = policy
         self.device = device
@@ -58,13 +64,14 @@ class Trainer:
         self.shuffle_generator = torch.Generator().manual_seed(seed)
         # Agents that keep no input statistics skip the hook, and the lock it takes, each batch.
         self._keeps_statistics = type(agent).update_statistics is not Agent.update_statistics
-        self._parameters = list(agent.parameters())  # walking the module tree each step costs more than the clip
+        self._parameters = list(self.agent.parameters())  # walking the module tree each step costs more than the clip
         self.data_parallel = data_parallel  # learner ranks: gradients and early stops agreed across them
         max_state_kl = problem.config.max_state_kl
         if max_state_kl is not None and data_parallel is not None and data_parallel.world_size > 1:
             raise ValueError("max_state_kl shortens each rank's step by its own states' KL, which would part the "
                              "ranks' weights: it runs with one learner rank only")
-        self.trust_region = None if max_state_kl is None else StateTrustRegion(agent, self._parameters, max_state_kl)
+        self.trust_region = (None if max_state_kl is None
+                             else StateTrustRegion(self.agent, self._parameters, max_state_kl))
         # In updates (one batch's epochs x minibatches optimizer steps): how much older the
         # policy that acted is than the one being trained, averaged over the batch's steps.
         self.last_policy_lag = float("nan")
@@ -153,9 +160,15 @@ class Trainer:
         stopped_early = None if target_kl is None or approx_kl is None else approx_kl > 1.5 * target_kl
         if stopped_early:  # this batch has moved the policy far enough: no step on it (SB3's check, before the step)
             return Step(summaries, ends_batch=True, stopped_early=True)
-        if self.data_parallel is not None:
+        if self.data_parallel is not None and self.sharded is None:  # FSDP averaged them in the backward pass
             self.data_parallel.average_gradients(self._parameters)
-        grad_norm = torch.nn.utils.clip_grad_norm_(self._parameters, self.problem.config.max_grad_norm)
+        grad_norm = whole(torch.nn.utils.clip_grad_norm_(self._parameters, self.problem.config.max_grad_norm))
+        summaries.update({"optim/grad_norm": float(grad_norm),
+                          "optim/learning_rate": self.optimizer.param_groups[0]["lr"]})
+        if self.sharded is not None:
+            self.optimizer.step()  # the shards, which inference never reads
+            self.sharded.publish(self.policy)
+            return Step(summaries, stopped_early=stopped_early)
         before_step = self.trust_region.weights() if self.trust_region else None
         shortening = None
         with self.policy.lock:  # the only writes to the weights; the version counts these steps
@@ -163,8 +176,6 @@ class Trainer:
             if before_step is not None:
                 shortening = self.trust_region.enforce(before_step)
             self.policy.version += 1
-        summaries.update({"optim/grad_norm": float(grad_norm),
-                          "optim/learning_rate": self.optimizer.param_groups[0]["lr"]})
         if shortening is None:
             return Step(summaries, stopped_early=stopped_early)
         return Step({**summaries, **shortening.logs()}, ends_batch=shortening.step_fraction < 1.0,

@@ -1,5 +1,6 @@
 """Learner ranks over torch.distributed (gloo, processes on this machine): a batch trained by
-two ranks, half each, leaves the same weights as the whole batch trained by one."""
+two ranks, half each, leaves the same weights as the whole batch trained by one, with the
+gradients all-reduced (DDP's way) or the training sharded (FSDP)."""
 
 import numpy as np
 import pytest
@@ -9,6 +10,7 @@ import torch.multiprocessing as mp
 from fleetrl.learner.data_parallel import DataParallel
 from fleetrl.learner.env_state_store import build_state_store
 from fleetrl.learner.inference import InferenceStep, PolicyVersion, StepRequest
+from fleetrl.learner.sharded import ShardedAgent
 from fleetrl.learner.trainer import Trainer
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems import load_problem
@@ -46,8 +48,10 @@ BATCHES = {"cartpole": cartpole_batch, "gym_cards/numberline_vlm": numberline_vl
 
 
 def train(rank: int, world_size: int, hparams: dict, init_file: str | None, out: str | None,
-          problem_name: str = "cartpole"):
-    """Builds the agent and the batch as every rank does (same seeds), trains this rank's share."""
+          problem_name: str = "cartpole", fsdp: bool = False):
+    """Builds the agent and the batch as every rank does (same seeds), trains this rank's share.
+    Returns (and writes to `out`) the trained weights inference reads, and the optimizer state
+    as a checkpoint holds it."""
     data_parallel = (DataParallel(rank, world_size, CPU, timeout_s=60, init_method=f"file://{init_file}")
                      if world_size > 1 else None)
     try:
@@ -62,50 +66,66 @@ def train(rank: int, world_size: int, hparams: dict, init_file: str | None, out:
                         p.add_(rank * 0.1)
             data_parallel.broadcast_module(agent)
         share = torch.arange(batch.batch_size).chunk(world_size)[rank]
-        trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(), CPU,
-                          data_parallel=data_parallel)
+        sharded = ShardedAgent(agent, data_parallel) if fsdp else None
+        if sharded:
+            sharded.load_inference_weights()
+            biggest = max(sharded.training.parameters(), key=lambda p: p.numel())
+            assert biggest.to_local().numel() == biggest.numel() // world_size  # this rank holds half of it
+        optimizer = problem.make_optimizer((sharded.training if sharded else agent).parameters())
+        trainer = Trainer(problem, agent, optimizer, PolicyVersion(), CPU, data_parallel=data_parallel,
+                          sharded=sharded)
         for _ in range(3):
             trainer.update(batch.select(share))
         weights = {n: p.detach().clone() for n, p in agent.named_parameters() if p.requires_grad}
+        optimizer_state = sharded.optimizer_state(optimizer) if sharded else optimizer.state_dict()
         if out:
-            torch.save(weights, f"{out}/rank{rank}.pt")
-        return weights
+            torch.save((weights, optimizer_state), f"{out}/rank{rank}.pt")
+        return weights, optimizer_state
     finally:
         if data_parallel:
             data_parallel.close()
 
 
+def assert_ranks_match_one(tmp_path, alone):
+    """Both ranks' weights equal, and one rank's to 1e-5; rank 0's optimizer state (as its
+    checkpoint would hold it) that of one rank, in the same format."""
+    (weights, optimizer), (weights1, _) = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
+    alone_weights, alone_optimizer = alone
+    for name, value in alone_weights.items():
+        torch.testing.assert_close(weights[name], weights1[name], atol=0, rtol=0, msg=name)
+        torch.testing.assert_close(weights[name], value, atol=1e-5, rtol=1e-5, msg=name)
+    assert optimizer["param_groups"] == alone_optimizer["param_groups"]
+    torch.testing.assert_close(optimizer["state"], alone_optimizer["state"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fsdp", [False, True], ids=["all-reduce", "fsdp"])
 @pytest.mark.parametrize("hparams", [
     {"algorithm": "vtrace"},
     {"algorithm": "ppo", "epochs": "2", "minibatches": "1", "normalize_advantages": "false", "target_kl": "10"},
 ])
-def test_two_ranks_with_half_the_batch_each_end_where_one_rank_with_all_of_it_does(tmp_path, hparams):
+def test_two_ranks_with_half_the_batch_each_end_where_one_rank_with_all_of_it_does(tmp_path, hparams, fsdp):
     alone = train(0, 1, hparams, None, None)
-    mp.spawn(train, args=(2, hparams, str(tmp_path / "init"), str(tmp_path)), nprocs=2, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    for name, value in alone.items():
-        torch.testing.assert_close(ranks[0][name], ranks[1][name], atol=0, rtol=0, msg=name)
-        torch.testing.assert_close(ranks[0][name], value, atol=1e-5, rtol=1e-5, msg=name)
-    assert any(not torch.equal(value, torch.load(tmp_path / "rank0.pt")[name]) for name, value in
-               train(0, 1, {**hparams, "learning_rate": "0.01"}, None, None).items())  # the comparison can fail
+    mp.spawn(train, args=(2, hparams, str(tmp_path / "init"), str(tmp_path), "cartpole", fsdp), nprocs=2, join=True)
+    assert_ranks_match_one(tmp_path, alone)
+    weights = torch.load(tmp_path / "rank0.pt")[0]
+    assert any(not torch.equal(value, weights[name]) for name, value in
+               train(0, 1, {**hparams, "learning_rate": "0.01"}, None, None)[0].items())  # the comparison can fail
 
 
 @pytest.mark.slow
-def test_two_ranks_train_a_tiny_vlms_lora_adapters_as_one_rank_does(tmp_path, monkeypatch):
+@pytest.mark.parametrize("fsdp", [False, True], ids=["all-reduce", "fsdp"])
+def test_two_ranks_train_a_tiny_vlms_lora_adapters_as_one_rank_does(tmp_path, monkeypatch, fsdp):
     """V-trace's loss averages over every step of the batch, so halves of any batch add up."""
     pytest.importorskip("transformers", reason="the vlm extra (make install puts it in)")
     monkeypatch.setenv("FLEETRL_CACHE", str(tmp_path / "models"))  # spawned ranks inherit it: one build
     hparams = {"algorithm": "vtrace", "lora_rank": "4", "learning_rate": "1e-3"}
     load_problem("gym_cards/numberline_vlm", hparams).make_agent()  # built once, before any rank draws a number
     alone = train(0, 1, hparams, None, None, "gym_cards/numberline_vlm")
-    assert any("lora_" in name for name in alone) and not any(
-        "lora_" not in name and ".model." in name for name in alone if not name.startswith("value_head."))
-    mp.spawn(train, args=(2, hparams, str(tmp_path / "init"), str(tmp_path), "gym_cards/numberline_vlm"),
+    assert any("lora_" in name for name in alone[0]) and not any(
+        "lora_" not in name and ".model." in name for name in alone[0] if not name.startswith("value_head."))
+    mp.spawn(train, args=(2, hparams, str(tmp_path / "init"), str(tmp_path), "gym_cards/numberline_vlm", fsdp),
              nprocs=2, join=True)
-    ranks = [torch.load(tmp_path / f"rank{r}.pt") for r in range(2)]
-    for name, value in alone.items():
-        torch.testing.assert_close(ranks[0][name], ranks[1][name], atol=0, rtol=0, msg=name)
-        torch.testing.assert_close(ranks[0][name], value, atol=1e-5, rtol=1e-5, msg=name)
+    assert_ranks_match_one(tmp_path, alone)
 
 
 def stall(rank: int, init_file: str, out: str):

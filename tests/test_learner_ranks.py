@@ -57,14 +57,19 @@ def test_a_run_resumes_with_another_number_of_ranks(tmp_path, local_run):
     logdir = tmp_path / "run"
     common = ("--problem=cartpole", "--num_actors=2", "--envs_per_actor=16", "--seed=0")
     versions = []
-    for ranks, steps in ((2, 8000), (1, 16000), (2, 24000)):
-        process, tag = local_run.start(logdir, *common, f"--learner_ranks={ranks}", f"--total_env_steps={steps}")
+    # All-reduced ranks, one, FSDP ranks (the optimizer state sharded, gathered to save), one.
+    legs = ((2, 8000, ()), (1, 16000, ()), (2, 24000, ("--fsdp",)), (1, 32000, ()))
+    for ranks, steps, flags in legs:
+        process, tag = local_run.start(logdir, *common, f"--learner_ranks={ranks}", f"--total_env_steps={steps}",
+                                       *flags)
         code, output = local_run.finish(process, tag)
         assert code == 0, output
         summary = json.loads((logdir / "summary.json").read_text())
         assert summary["env_steps"] >= steps and summary["reason"].startswith("total_env_steps"), summary
         versions.append(summary["trainer_steps"])
-    assert versions[0] < versions[1] < versions[2]
+        if flags:
+            assert "training sharded by FSDP over 2 learner ranks" in (logdir / "logs" / "learner.log").read_text()
+    assert versions == sorted(set(versions)), versions
     log = (logdir / "logs" / "learner.log").read_text()
     assert "written by 2 learner rank(s); this run has 1" in log
     assert "written by 1 learner rank(s); this run has 2" in log
