@@ -8,6 +8,8 @@ learner ranks do, on gloo over loopback (processes on this machine, one torch th
 Samples are transitions of the whole batch: T x B per update. --slow_rank_delay_ms holds
 the last rank back before each update, to show what a slow rank costs the others. On a machine with fewer
 cores than ranks x 2 the figures say what the all-reduce costs, not how far ranks scale.
+--fsdp trains sharded (`fleetrl.learner.sharded`) instead, and times the all-gather that
+refreshes inference's whole copy after each optimizer step.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from absl import app, flags
 from fleetrl.bench.trainer import synthetic_batches
 from fleetrl.learner.data_parallel import DataParallel
 from fleetrl.learner.inference import PolicyVersion
+from fleetrl.learner.sharded import ShardedAgent
 from fleetrl.learner.trainer import Trainer
 from fleetrl.problems.registry import load_problem
 
@@ -39,28 +42,33 @@ def define_flags() -> None:
     flags.DEFINE_float("measure_s", 10.0, "Seconds measured per world size.")
     flags.DEFINE_float("slow_rank_delay_ms", 0.0, "The last rank waits this long before each update, as a rank "
                                                  "whose actors deliver late: every rank then waits for it.")
+    flags.DEFINE_bool("fsdp", False, "Ranks train with FSDP; the figure per step is then the inference copy's "
+                                     "refresh (an all-gather), not the all-reduce.")
 
 
 def measure(rank: int, world_size: int, problem_name: str, hparams: dict, unroll_length: int, batch_size: int,
-            measure_s: float, delay_ms: float, init_file: str, results: str) -> None:
+            measure_s: float, delay_ms: float, init_file: str, results: str, fsdp: bool = False) -> None:
     torch.set_num_threads(1)
     data_parallel = (DataParallel(rank, world_size, torch.device("cpu"), init_method=f"file://{init_file}")
                      if world_size > 1 else None)
     problem = load_problem(problem_name, hparams)
     torch.manual_seed(0)
     agent = problem.make_agent()
-    trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(),
-                      torch.device("cpu"), data_parallel=data_parallel)
+    sharded = ShardedAgent(agent, data_parallel) if fsdp and data_parallel is not None else None
+    trained = sharded.training if sharded else agent
+    trainer = Trainer(problem, agent, problem.make_optimizer(trained.parameters()), PolicyVersion(),
+                      torch.device("cpu"), data_parallel=data_parallel, sharded=sharded)
     batches = synthetic_batches(problem, agent, unroll_length, batch_size // world_size)
     reduce_s = [0.0]
-    if data_parallel is not None:  # the all-reduce's own time, inside each optimizer step
-        average = data_parallel.average_gradients
+    if data_parallel is not None:  # the all-reduce's (or FSDP's refresh's) own time, inside each optimizer step
+        owner, name = (sharded, "publish") if sharded else (data_parallel, "average_gradients")
+        collective = getattr(owner, name)
 
-        def timed(parameters):
+        def timed(*args):
             started = time.perf_counter()
-            average(parameters)
+            collective(*args)
             reduce_s[0] += time.perf_counter() - started
-        data_parallel.average_gradients = timed
+        setattr(owner, name, timed)
     for batch in batches[:2]:  # warm-up
         trainer.update(batch)
     reduce_s[0], steps_before = 0.0, trainer.policy.version
@@ -94,10 +102,11 @@ def main(argv: list[str]) -> None:
     for world_size in (int(r) for r in FLAGS.ranks):
         with tempfile.TemporaryDirectory() as folder:
             args = (world_size, FLAGS.problem, hparams, FLAGS.unroll_length, FLAGS.batch_size, FLAGS.measure_s,
-                    FLAGS.slow_rank_delay_ms, os.path.join(folder, "init"), os.path.join(folder, "results"))
+                    FLAGS.slow_rank_delay_ms, os.path.join(folder, "init"), os.path.join(folder, "results"), FLAGS.fsdp)
             mp.spawn(measure, args=args, nprocs=world_size, join=True)
-            samples, update_ms, reduce_ms = (float(x) for x in open(args[-1]).read().split())
-        reduce = f", all-reduce {reduce_ms:.2f} ms per optimizer step" if world_size > 1 else ""
+            samples, update_ms, reduce_ms = (float(x) for x in open(args[-2]).read().split())
+        what = "FSDP, inference copy's refresh" if FLAGS.fsdp else "all-reduce"
+        reduce = f", {what} {reduce_ms:.2f} ms per optimizer step" if world_size > 1 else ""
         print(f"  {world_size} rank(s): {samples:10,.0f} samples/s ({update_ms:.2f} ms per update{reduce})", flush=True)
 
 

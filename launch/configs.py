@@ -87,7 +87,11 @@ class RayConfig:
     max_restarts: int = setting(10, "Times Ray restarts a crashed actor (-1: without limit).")
     learner_max_restarts: int = setting(3, "Times Ray restarts the learner's process when it dies (-1: without "
                                            "limit). It comes back on the same node and port, resumes from the "
-                                           "logdir's latest checkpoint, and the actors reconnect by themselves.")
+                                           "logdir's latest checkpoint, and the actors reconnect by themselves. "
+                                           "Learner ranks restart together, all of them each time one dies.")
+    learner_ranks: int = setting(1, "Data-parallel learner ranks, in one placement group of this many "
+                                    "--learner_resources bundles; actor i serves rank i mod this, eval actors rank "
+                                    "0 (docs/deployment.md).")
     tls_ca: str = setting("", "Actors: CA (PEM) that signed the learner's certificate; turns TLS on.")
     actor_tls_cert: str = setting("", "Actors' client certificate (PEM), for mutual TLS.")
     actor_tls_key: str = setting("", "Private key (PEM) of --actor_tls_cert.")
@@ -103,6 +107,7 @@ class RayConfig:
             self.resources(name)  # refused now, before any connection to the cluster
         check_range("max_restarts", self.max_restarts, low=-1)
         check_range("learner_max_restarts", self.learner_max_restarts, low=-1)
+        check_range("learner_ranks", self.learner_ranks, low=1)
 
     def resources(self, name: str) -> dict[str, float]:
         """The resource request of flag `name`, such as {"CPU": 1, "GPU": 1, "my_node": 1}."""

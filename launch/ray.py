@@ -13,7 +13,8 @@ restarts processes. An actor that fails (the learner refused it, or stayed unrea
 --max_reconnect_s) is restarted the same way. When the learner's process dies, Ray starts
 it again (up to `--learner_max_restarts` times) in the same placement group, so on the
 same node, where it serves on the same port and resumes from the logdir's latest
-checkpoint; the actors reconnect by themselves.
+checkpoint; the actors reconnect by themselves. With `--learner_ranks=N`, N learner ranks
+share one placement group and restart together (`launch.ray_learner_group`).
 
 It shows the live progress line and reports restarts. When the run ends, on Ctrl-C or
 SIGTERM, it stops the learner (which writes its final checkpoint), then removes every
@@ -41,13 +42,12 @@ from fleetrl.launch.flags import (
     run_main,
 )
 from fleetrl.launch.progress import Progress, print_summary
-from fleetrl.launch.ray_hosts import FleetrlActor, FleetrlLearner
+from fleetrl.launch.ray_hosts import FleetrlActor
+from fleetrl.launch.ray_learner_group import LearnerGroup, ray_options
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.proto import learner_pb2 as pb
 
 try:
     import ray
-    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
 except ImportError as e:  # says which extra brings it
     raise MissingExtra("launch.ray", "ray", e) from e
 
@@ -57,13 +57,6 @@ define_flags(RayConfig, skip=("learner", "fleet"))
 FLAGS = flags.FLAGS
 
 ACTORS_GONE = "every actor is out of restarts"
-
-
-def ray_options(resources: dict[str, float]) -> dict[str, Any]:
-    """Ray's actor options for a resource request such as {"CPU": 1, "GPU": 1, "my_node": 1}."""
-    custom = {k: float(v) for k, v in resources.items() if k not in ("CPU", "GPU")}
-    return {"num_cpus": float(resources.get("CPU", 0)), "num_gpus": float(resources.get("GPU", 0)),
-            "resources": custom}
 
 
 def launch(config: RayConfig) -> int:
@@ -77,21 +70,26 @@ def launch(config: RayConfig) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop_requested.append("Ctrl-C"))
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append("SIGTERM"))
     handles: list = []
-    placement = None
+    group = None
     try:
-        learner, placement = _start_learner(config)
-        handles.append(learner)
-        info = _learner_info(learner, config.start_timeout_s, stop_requested)
-        if info is None:
+        group = LearnerGroup(config)
+        group.start()
+        infos = group.info(config.start_timeout_s, stop_requested)
+        if infos is None:
             return 1
-        print(f"fleetrl: {config.learner.problem} learner (pid {info['pid']}) on node {info['node_id'][:8]} "
-              f"({info['ip']}), "
-              f"serving {info['address']}, logdir {info['logdir']} on that node")
+        for info in infos:
+            rank = f" rank {info['rank']}" if config.learner_ranks > 1 else ""
+            print(f"fleetrl: {config.learner.problem} learner{rank} (pid {info['pid']}) on node {info['node_id'][:8]} "
+                  f"({info['ip']}), serving {info['address']}, logdir {info['logdir']} on that node")
+        addresses = [info["address"] for info in infos]
         actors = {}
         security = dict(auth_token_file=config.learner.auth_token_file, tls_ca=config.tls_ca,
                         tls_cert=config.actor_tls_cert, tls_key=config.actor_tls_key,
                         tls_server_name=config.tls_server_name)
-        for name, actor_config in config.fleet.actor_configs(config.learner, info["address"], **security):
+        # Actor i serves rank i mod ranks; eval actors, rank 0, so each eval episode is played once.
+        for i, (name, actor_config) in enumerate(config.fleet.actor_configs(config.learner, addresses[0], **security)):
+            if actor_config.mode == "train":
+                actor_config = dataclasses.replace(actor_config, learner_address=addresses[i % len(addresses)])
             resources = config.resources("eval_actor_resources" if actor_config.mode == "eval" else "actor_resources")
             handle = ray.remote(FleetrlActor).options(
                 max_restarts=config.max_restarts, max_concurrency=2, scheduling_strategy="SPREAD",
@@ -99,12 +97,15 @@ def launch(config: RayConfig) -> int:
             ).remote(dataclasses.asdict(actor_config))
             actors[name] = handle
             handles.append(handle)
-        summary = _serve(learner, actors, config.progress_interval_s, stop_requested, config.start_timeout_s)
+        summary = _serve(group, actors, config.progress_interval_s, stop_requested, config.start_timeout_s)
+    except ValueError as e:  # learner ranks without resources
+        print(str(e), file=sys.stderr)
+        return 2
     finally:
         for handle in handles:  # nothing stays on the cluster: not even an actor Ray would restart
             ray.kill(handle, no_restart=True)
-        if placement is not None:
-            ray.util.remove_placement_group(placement)
+        if group is not None:
+            group.remove()
         ray.shutdown()
     if summary is None or "error" in summary:
         print(f"the learner failed:\n{(summary or {}).get('error', 'no summary')}", file=sys.stderr)
@@ -115,76 +116,54 @@ def launch(config: RayConfig) -> int:
     return 1 if summary.get("target_reached") is False and not stop_requested else 0
 
 
-def _start_learner(config: RayConfig):
-    """The learner in a placement group of its resources: Ray restarts it there, on the same
-    node, where its actors find it again. Without resources it goes on this node."""
-    resources = config.resources("learner_resources")
-    options = ray_options(resources)
-    placement = None
-    if any(resources.values()):
-        placement = ray.util.placement_group([{k: float(v) for k, v in resources.items() if v}])
-        strategy = PlacementGroupSchedulingStrategy(placement)
-    else:
-        strategy = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
-    learner = ray.remote(FleetrlLearner).options(
-        max_restarts=config.learner_max_restarts, max_concurrency=4, scheduling_strategy=strategy, **options
-    ).remote(dataclasses.asdict(config.learner))
-    return learner, placement
-
-
-def _learner_info(learner, timeout_s: float, stop_requested: list[str]) -> dict[str, Any] | None:
-    """Waits for the learner to be placed and serving; None if it failed or the wait was cut short."""
-    ref, deadline = learner.info.remote(), time.monotonic() + timeout_s
-    while not stop_requested and time.monotonic() < deadline:
-        ready, _ = ray.wait([ref], timeout=1.0)
-        if ready:
-            try:
-                return ray.get(ref)
-            except ray.exceptions.ActorUnavailableError:  # Ray is restarting it: ask again
-                time.sleep(0.5)
-                ref = learner.info.remote()
-            except ray.exceptions.RayError as e:
-                print(f"the learner could not start: {e}", file=sys.stderr)
-                return None
-    print("the learner was not serving in time (are its --learner_resources available on the cluster?)"
-          if not stop_requested else f"{stop_requested[0]}: stopping", file=sys.stderr)
-    return None
-
-
-def _serve(learner, actors: dict[str, Any], interval_s: float, stop_requested: list[str],
+def _serve(group: LearnerGroup, actors: dict[str, Any], interval_s: float, stop_requested: list[str],
            start_timeout_s: float) -> dict[str, Any] | None:
     """Shows progress and reports actor placements and restarts, and the learner's, until
     the learner's run ends."""
     progress, watch = Progress(sys.stdout.isatty()), _Watch()
     while True:
         try:
-            return _serve_until_done(learner, actors, interval_s, stop_requested, progress, watch)
+            failure = _serve_until_done(group, actors, interval_s, stop_requested, progress, watch)
+            if isinstance(failure, dict):  # the run's summary
+                return failure
         except ray.exceptions.RayActorError as e:  # the learner's process died (out of memory, killed)
-            progress.end()
-            if stop_requested:
-                return {"error": f"the learner's process died while stopping: {e}"}
+            failure = f"the learner's process died: {e}"
+        progress.end()
+        if stop_requested:
+            return {"error": f"{failure}, while stopping"}
+        if group.size > 1:  # the ranks restart together
+            if not group.can_restart():
+                return {"error": f"{failure}; no learner restarts left (--learner_max_restarts)"}
+            print(f"{failure}; restarting every learner rank from the latest checkpoint", flush=True)
+            group.restart()
+        else:
             print("the learner's process died; waiting for Ray to restart it", flush=True)
-            info = _learner_info(learner, start_timeout_s, stop_requested)
-            if info is None:
-                return {"error": f"the learner's process died and did not come back: {e}"}
-            print(f"learner restarted: pid {info['pid']} on node {info['node_id'][:8]}, resumed from "
-                  f"{info['resumed_from']} at trainer step {info['resumed_steps']}", flush=True)
+        infos = group.info(start_timeout_s, stop_requested)
+        if infos is None:
+            return {"error": f"{failure}, and it did not come back"}
+        info = infos[0]
+        what = "learner ranks restarted" if group.size > 1 else "learner restarted"
+        print(f"{what}: pid {', '.join(str(i['pid']) for i in infos)} on node {info['node_id'][:8]}, resumed from "
+              f"{info['resumed_from']} at trainer step {info['resumed_steps']}", flush=True)
 
 
-def _serve_until_done(learner, actors: dict[str, Any], interval_s: float, stop_requested: list[str],
-                      progress: Progress, watch: _Watch) -> dict[str, Any] | None:
+def _serve_until_done(group: LearnerGroup, actors: dict[str, Any], interval_s: float, stop_requested: list[str],
+                      progress: Progress, watch: _Watch) -> dict[str, Any] | str:
+    """The run's summary once it ends, or why the learner ranks must restart."""
     while True:
         if stop_requested:
             progress.end()
             print(f"{stop_requested[0]}: stopping")
             reason = stop_requested[0]
-            learner.stop.remote(reason if reason == ACTORS_GONE else f"stopped by {reason}")
-            return ray.get(learner.wait.remote(60.0))
-        summary = ray.get(learner.wait.remote(0.0))
+            group.stop(reason if reason == ACTORS_GONE else f"stopped by {reason}")
+            return group.wait(60.0)
+        summary = group.wait(0.0)
+        if failure := group.failed_rank():  # after the wait: a rank 0 that ended by losing a rank is one
+            return failure
         if summary is not None:
             progress.end()
             return summary
-        progress.show(pb.Status.FromString(ray.get(learner.status.remote())))
+        progress.show(group.status())
         _watch(actors, watch, progress)
         train = [name for name in actors if not name.startswith("eval")]
         if train and all(name in watch.gone for name in train):

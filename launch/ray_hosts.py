@@ -9,7 +9,9 @@ An actor starts acting in its constructor, so when Ray restarts a crashed one (i
 `max_restarts`), the new process simply connects to the learner again. A restarted
 learner resumes from its logdir's latest checkpoint (the Learner does that) and serves on
 the port its first process had, which its actors keep calling: the launcher keeps it on
-the same node, and the port is kept in `<logdir>/learner_port`.
+the same node, and the port is kept in `<logdir>/learner_port` (rank r's in
+`learner_port.rank<r>`). Learner ranks are restarted together by the launcher
+(`ray_learner_group`).
 """
 
 from __future__ import annotations
@@ -42,12 +44,15 @@ def _node() -> dict[str, Any]:
 class FleetrlLearner:
     """The learner, serving on all interfaces of its node; `address()` is where actors reach it."""
 
-    def __init__(self, config: dict[str, Any]):
+    def __init__(self, config: dict[str, Any], restarted: bool = False):
+        """`restarted`: the launcher started it again (learner ranks restart as a group);
+        else it is restarted when Ray reconstructed its actor."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         learner_config = LearnerConfig(**config)
-        port_file = os.path.join(learner_config.logdir, "learner_port")
+        rank = learner_config.rank
+        port_file = os.path.join(learner_config.logdir, "learner_port" + (f".rank{rank}" if rank else ""))
         host, port = learner_config.bind.rsplit(":", 1)
-        self.restarted = ray.get_runtime_context().was_current_actor_reconstructed
+        self.restarted = restarted or ray.get_runtime_context().was_current_actor_reconstructed
         if self.restarted and port == "0" and os.path.exists(port_file):
             with open(port_file) as f:  # the actors call the first process's port
                 learner_config = dataclasses.replace(learner_config, bind=f"{host}:{f.read().strip()}")
@@ -68,6 +73,7 @@ class FleetrlLearner:
     def info(self) -> dict[str, Any]:
         port = self.learner.address.rsplit(":", 1)[1]
         return {**_node(), "address": f"{ray.util.get_node_ip_address()}:{port}", "logdir": self.learner.config.logdir,
+                "rank": self.learner.config.rank,
                 "restarted": self.restarted, "resumed_from": self.learner.resumed_from,
                 "resumed_steps": self.resumed_steps}
 

@@ -264,7 +264,10 @@ class LearnerService(pb_grpc.LearnerServicer):
             yield pb.LearnerMessage(actions=pb.Actions(actions=encode_all(actions),
                                                        policy_version=self.run.run.policy_version()))
         if self.run.run.is_finished():
-            yield pb.LearnerMessage(finished=pb.RunFinished(reason=self.run.run.finished_reason()))
+            reason = self.run.run.finished_reason()
+            if reason.startswith("error:"):  # a failure, not the run's end: a restarted learner resumes it
+                context.abort(grpc.StatusCode.UNAVAILABLE, f"the learner failed ({reason}); reconnect to its restart")
+            yield pb.LearnerMessage(finished=pb.RunFinished(reason=reason))
 
     def _first_message(self, request_iterator: Iterator[pb.ActorMessage],
                        context: grpc.ServicerContext) -> pb.ActorMessage | None:

@@ -32,6 +32,7 @@ import copy
 import warnings
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_optimizer_state_dict,
@@ -54,6 +55,7 @@ class ShardedAgent:
             raise ValueError(f"--fsdp shards {type(agent).__name__} as one unit, and FSDP needs one dtype in a unit; "
                              f"its parameters have {sorted(str(d) for d in dtypes)}")
         self.inference, self.ranks = agent, ranks
+        self._dtype = dtypes.pop() if dtypes else torch.float32
         self.training = copy.deepcopy(agent)
         mesh = init_device_mesh(ranks.device.type, (ranks.world_size,))
         # Kept whole from forward to backward: one unit would be gathered whole again for its
@@ -67,6 +69,19 @@ class ShardedAgent:
         # buffers (input statistics) the trainer updates.
         self._published = [(p, names[n]) for n, p in self.training.named_parameters() if p.requires_grad]
         self._buffers = list(zip(self.training.buffers(), agent.buffers()))
+        # Each rank's row of dim 0 of each published weight, as FSDP2 cuts it (torch.chunk;
+        # a rank past the last chunk holds none): what one flat all-gather must put back.
+        self._rows = []
+        for shard, _ in self._published:
+            rows = [len(c) for c in torch.chunk(torch.empty(shard.shape[0], device="meta"), ranks.world_size)]
+            rows += [0] * (ranks.world_size - len(rows))
+            if shard.to_local().shape[0] != rows[ranks.rank]:
+                raise RuntimeError(f"FSDP cut a weight of shape {tuple(shard.shape)} other than torch.chunk does: "
+                                   f"rank {ranks.rank} holds {shard.to_local().shape[0]} rows, not {rows[ranks.rank]}")
+            self._rows.append(rows)
+        row_size = [shard[0].numel() if shard.dim() else 1 for shard, _ in self._published]
+        self._numel = [[r * n for r in rows] for rows, n in zip(self._rows, row_size)]  # [weight][rank]
+        self._longest = max((sum(n[r] for n in self._numel) for r in range(ranks.world_size)), default=0)
 
     def load_inference_weights(self) -> None:
         """The inference copy's weights (a resume's, rank 0's broadcast) into the shards. Every
@@ -79,11 +94,21 @@ class ShardedAgent:
                 target.copy_(source)
 
     def publish(self, policy: PolicyVersion) -> None:
-        """The trained weights, gathered (a collective), into the inference copy as the policy's
-        next version, under its lock."""
+        """The trained weights, gathered (one flat all-gather of every rank's shards), into the
+        inference copy as the policy's next version, under its lock."""
+        world = self.ranks.world_size
         with torch.no_grad():
-            whole = collective("weights' all-gather", self.ranks.timeout_s,
-                               lambda: [p.full_tensor() for p, _ in self._published])
+            mine = torch.zeros(self._longest, dtype=self._dtype, device=self.ranks.device)
+            flat = torch.cat([p.to_local().reshape(-1) for p, _ in self._published]) if self._published else mine[:0]
+            mine[:len(flat)] = flat
+            rows = [torch.empty_like(mine) for _ in range(world)]
+            collective("weights' all-gather", self.ranks.timeout_s, lambda: dist.all_gather(rows, mine))
+            offsets = [0] * world
+            whole = []
+            for numel, (_, target) in zip(self._numel, self._published):
+                pieces = [rows[r][offsets[r]:offsets[r] + numel[r]] for r in range(world)]
+                offsets = [o + n for o, n in zip(offsets, numel)]
+                whole.append(torch.cat(pieces).view_as(target))
             with policy.lock:
                 policy.version += 1
                 for value, (_, target) in zip(whole, self._published):

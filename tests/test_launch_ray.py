@@ -201,6 +201,33 @@ def test_ray_restarts_a_killed_learner_which_resumes_its_checkpoint_and_the_acto
     assert fleetrl_ray_processes() == []
 
 
+def test_learner_ranks_share_a_placement_group_and_restart_together_when_one_dies(cluster, tmp_path):
+    """Two ranks of half a CPU each, both on the head (the learner-node resource), an actor
+    on each; rank 1's process is killed, and every rank restarts from rank 0's checkpoint."""
+    lines: list[str] = []
+    logdir = tmp_path / "run"
+    with running_launcher(cluster, logdir, "--learner_ranks=2", "--total_env_steps=150000",
+                          "--checkpoint_every_steps=20", "--learner_max_restarts=1",
+                          '--learner_resources={"CPU": 0.5, "fleetrl_learner_node": 0.5}') as process:
+        nodes = [read_until(process, rf"learner rank {r} \(pid (\d+)\) on node (\w+)", lines) for r in range(2)]
+        assert nodes[0].group(2) == nodes[1].group(2)  # one placement group, packed on the head
+        read_until(process, r"trainer [1-9]\d\d+ \|", lines)  # checkpoints written
+        os.kill(int(nodes[1].group(1)), signal.SIGKILL)
+        read_until(process, r"learner rank [01].*; restarting every learner rank from the latest checkpoint", lines)
+        restart = read_until(process, r"learner ranks restarted: pid (\d+), (\d+) on node \w+, resumed from (\S+) "
+                                      r"at trainer step (\d+)", lines)
+        assert {int(restart.group(1)), int(restart.group(2))}.isdisjoint(int(n.group(1)) for n in nodes)
+        assert restart.group(3).startswith(str(logdir / "checkpoints")) and int(restart.group(4)) > 0
+        output = "".join(lines) + process.communicate(timeout=300)[0]
+    assert process.returncode == 0, output
+    summary = json.loads((logdir / "summary.json").read_text())
+    assert summary["reason"].startswith("total_env_steps reached"), summary
+    assert summary["trainer_steps"] > int(restart.group(4))
+    rank1 = json.loads((logdir / "rank1" / "summary.json").read_text())
+    assert (rank1["trainer_steps"], rank1["env_steps"]) == (summary["trainer_steps"], summary["env_steps"])
+    assert fleetrl_ray_processes() == []
+
+
 def test_the_run_ends_when_its_actors_run_out_of_restarts(cluster, tmp_path):
     lines: list[str] = []
     with running_launcher(cluster, tmp_path / "run", "--max_restarts=0", "--num_actors=1") as process:

@@ -78,7 +78,7 @@ def test_every_module_imports_or_names_its_extra(installed):
     errors = {name: result for name, result in modules.items() if result.startswith("error")}
     assert not errors, errors
     extras = {name: result for name, result in modules.items() if result.startswith("extra")}
-    assert set(extras) == {"fleetrl.launch.ray", "fleetrl.launch.ray_hosts"}, extras
+    assert set(extras) == {"fleetrl.launch.ray", "fleetrl.launch.ray_hosts", "fleetrl.launch.ray_learner_group"}, extras
     assert all("pip install 'fleetrl[ray]'" in message for message in extras.values())
 
 
