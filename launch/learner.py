@@ -36,10 +36,13 @@ FLAGS = flags.FLAGS
 
 def rank_config(config: LearnerConfig) -> LearnerConfig:
     """Under torchrun (WORLD_SIZE and RANK set) and flags that leave them unset: its rank.
-    Rank r serves on --bind's port + r, so one command line serves every rank of a host."""
+    Rank r serves on --bind's port + r, so one command line serves every rank of a host;
+    with --device=cuda, it trains on cuda:LOCAL_RANK."""
     if flags.FLAGS["world_size"].using_default_value and "WORLD_SIZE" in os.environ:
         env = RankEnv.from_environment()
         config = dataclasses.replace(config, rank=env.rank, world_size=env.world_size)
+    if config.device == "cuda" and "LOCAL_RANK" in os.environ:  # one GPU per rank of this host, as torchrun counts
+        config = dataclasses.replace(config, device=f"cuda:{int(os.environ['LOCAL_RANK'])}")
     host, _, port = config.bind.rpartition(":")
     if config.rank and port.isdigit() and int(port) != 0:
         config = dataclasses.replace(config, bind=f"{host}:{int(port) + config.rank}")

@@ -66,7 +66,8 @@ def launch(config: LocalConfig) -> int:
         learners = [children.start("learner" + (f"-rank{r}" if r else ""),
                                    python + ["fleetrl.launch.learner", *to_argv(dataclasses.replace(
                                        learner_cfg, world_size=ranks, rank=r))],
-                                   os.path.join(logs, "learner" + (f"-rank{r}" if r else "") + ".log"), env=group)
+                                   os.path.join(logs, "learner" + (f"-rank{r}" if r else "") + ".log"),
+                                   env={**group, "LOCAL_RANK": str(r)} if group else {})
                     for r in range(ranks)]
         learner = learners[0]
         addresses = [_wait_for_address(address_file(learner_cfg.logdir, r), learners[r]) for r in range(ranks)]

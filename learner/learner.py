@@ -72,7 +72,7 @@ class Learner:
         self.own_logdir = rank_logdir(config.logdir, config.rank)  # rank 0: the logdir; rank r: its rank<r>/
         self.problem = problem or load_problem(config.problem, config.hparams)
         self.agent = self.problem.make_agent().to(self.device)  # inference's (and, without FSDP, training's)
-        self.sharded = self._sharded()
+        self.sharded = ShardedAgent.of(config, self.agent, self.ranks)  # None without --fsdp
         self.optimizer = self.problem.make_optimizer((self.sharded.training if self.sharded else self.agent)
                                                      .parameters())
         self.lr_schedule = LearningRateSchedule(self.problem.config.learning_rate_schedule, config.total_env_steps,
@@ -207,15 +207,6 @@ class Learner:
         summary = dataclasses.replace(self.summary(), final_checkpoint=final_checkpoint)
         write_summary(self.own_logdir, summary)
         return summary
-
-    def _sharded(self) -> ShardedAgent | None:
-        if not self.config.fsdp:
-            return None
-        if not self.ranks:
-            raise ValueError("--fsdp shards the training over learner ranks: give it --learner_ranks (or "
-                             "torchrun's --nproc_per_node) of 2 or more")
-        log.info("training sharded by FSDP over %d learner ranks; inference keeps a whole copy", self.ranks.world_size)
-        return ShardedAgent(self.agent, self.ranks)
 
     def finish(self, reason: str) -> None:
         """Ends the run: the first reason given is the one reported."""

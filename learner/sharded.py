@@ -17,8 +17,9 @@ The whole agent is one FSDP unit: its parameters are gathered once per `unroll` 
 training entry point, registered with FSDP), for every rank alike. Smaller units (each
 transformer layer) would lower the peak, but a module run only on some ranks (an
 instruction encoder, run where an episode starts) would leave a rank waiting in its
-all-gather; docs/deployment.md says so. FSDP2 wants one dtype in a unit, so an agent that
-mixes dtypes (a bfloat16 base with float32 heads) is refused by name.
+all-gather; docs/deployment.md says so. FSDP2 wants one dtype for the trained weights of a
+unit (a frozen bfloat16 base under float32 adapters and heads is fine); an agent that trains
+weights of two dtypes is refused by name.
 
 Checkpoints keep the one format: the weights are the inference copy's, and the optimizer
 state is gathered whole (a collective: every rank takes part, rank 0 writes it) and keyed
@@ -29,6 +30,7 @@ with any number of ranks.
 from __future__ import annotations
 
 import copy
+import logging
 import warnings
 
 import torch
@@ -46,14 +48,16 @@ from fleetrl.agents.base import Agent
 from fleetrl.learner.data_parallel import DataParallel, collective
 from fleetrl.learner.inference import PolicyVersion
 
+log = logging.getLogger(__name__)
+
 
 class ShardedAgent:
     def __init__(self, agent: Agent, ranks: DataParallel):
         """`agent` is inference's whole copy; `training` becomes its sharded twin."""
-        dtypes = {p.dtype for p in agent.parameters()}
-        if len(dtypes) > 1:
-            raise ValueError(f"--fsdp shards {type(agent).__name__} as one unit, and FSDP needs one dtype in a unit; "
-                             f"its parameters have {sorted(str(d) for d in dtypes)}")
+        dtypes = {p.dtype for p in agent.parameters() if p.requires_grad}
+        if len(dtypes) > 1:  # a frozen base may have another (bfloat16 under float32 adapters)
+            raise ValueError(f"--fsdp shards {type(agent).__name__} as one unit, and FSDP needs one dtype for the "
+                             f"trained weights of a unit; they have {sorted(str(d) for d in dtypes)}")
         self.inference, self.ranks = agent, ranks
         self._dtype = dtypes.pop() if dtypes else torch.float32
         self.training = copy.deepcopy(agent)
@@ -82,6 +86,17 @@ class ShardedAgent:
         row_size = [shard[0].numel() if shard.dim() else 1 for shard, _ in self._published]
         self._numel = [[r * n for r in rows] for rows, n in zip(self._rows, row_size)]  # [weight][rank]
         self._longest = max((sum(n[r] for n in self._numel) for r in range(ranks.world_size)), default=0)
+
+    @classmethod
+    def of(cls, config, agent: Agent, ranks: DataParallel | None) -> ShardedAgent | None:
+        """The sharded twin a LearnerConfig asks for (--fsdp); None without it."""
+        if not config.fsdp:
+            return None
+        if ranks is None:
+            raise ValueError("--fsdp shards the training over learner ranks: give it --learner_ranks (or "
+                             "torchrun's --nproc_per_node) of 2 or more")
+        log.info("training sharded by FSDP over %d learner ranks; inference keeps a whole copy", ranks.world_size)
+        return cls(agent, ranks)
 
     def load_inference_weights(self) -> None:
         """The inference copy's weights (a resume's, rank 0's broadcast) into the shards. Every

@@ -152,3 +152,11 @@ def test_a_rank_that_stops_answering_ends_the_others_collective_within_the_timeo
     waited, message = (tmp_path / "error.txt").read_text().split("\n", 1)
     assert float(waited) < 12, waited
     assert "mean failed" in message and "collective_timeout_s=3s" in message, message
+
+
+def test_fsdp_without_learner_ranks_is_refused_by_name(tmp_path):
+    from fleetrl.learner.config import LearnerConfig
+    from fleetrl.learner.learner import Learner
+
+    with pytest.raises(ValueError, match="--fsdp shards the training over learner ranks"):
+        Learner(LearnerConfig(problem="cartpole", logdir=str(tmp_path), bind="127.0.0.1:0", fsdp=True))
