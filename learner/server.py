@@ -1,8 +1,8 @@
-"""The learner's gRPC service: handshakes, step validation, and one stream per actor.
+"""The learner's gRPC service: the protocol's states, one stream per actor.
 
 Each actor stream runs in its own gRPC worker thread: it checks the handshake against the
 run, allocates the actor's env slots, then for every step decodes and validates the
-message, submits it to the inference batcher and answers with the actions. A message that
+message (`wire_messages`), submits it to the inference batcher and answers with the actions. A message that
 does not match the protocol (see learner.proto), or a step whose inference fails on its
 own, ends only that actor's stream, with a status naming the field; every other actor
 goes on being served.
@@ -10,111 +10,36 @@ goes on being served.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator
 from concurrent import futures
-from typing import Any, NamedTuple, NoReturn, Protocol
+from typing import NoReturn
 
 import grpc
 import numpy as np
-from google.protobuf.message import DecodeError
 
-from fleetrl.learner.connected_actors import ConnectedActors
 from fleetrl.learner.elastic_pool import ElasticThreadPool
-from fleetrl.learner.env_state_store import EnvStateStore
 from fleetrl.learner.eval_inference import EvalRequest
-from fleetrl.learner.eval_rounds import EvalResult, EvalRounds
 from fleetrl.learner.idle_streams import IdleStreams
 from fleetrl.learner.inference import StepRequest
-from fleetrl.learner.inference_batcher import BatcherStopped, InferenceBatcher
-from fleetrl.learner.metrics import EpisodeWindow, ScalarMeans
-from fleetrl.learner.step_ledger import StepLedger
-from fleetrl.losses.unroll_hook import UnrollHook
+from fleetrl.learner.inference_batcher import BatcherStopped
+from fleetrl.learner.served_run import ServedRun, episode_tag
+from fleetrl.learner.wire_messages import Episode, UnreadableMessage, WireDecoder, actor_message_reader
 from fleetrl.problems.base import TRAIN
 from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
-from fleetrl.proto.episode_records import decode_record
-from fleetrl.proto.tensors import Specs, TensorSpec, WireError, decode, decode_all, encode_all, spec_mismatch
+from fleetrl.proto.tensors import WireError, encode_all
 
 log = logging.getLogger(__name__)
-
-# Eval pictures larger than this on a side are refused.
-MAX_IMAGE_SIDE = 2048
-
-
-class RunControl(Protocol):
-    """What the service asks of the run it serves (the Learner implements it)."""
-
-    def policy_version(self) -> int: ...
-
-    def is_finished(self) -> bool: ...
-
-    def finished_reason(self) -> str: ...
-
-    def status(self) -> pb.Status: ...
-
-
-@dataclasses.dataclass
-class ServedRun:
-    """What the service checks actors against, and where it sends their data."""
-
-    problem: str
-    hparams: dict[str, str]
-    observation_specs: Specs
-    action_specs: Specs
-    extra_specs: Specs
-    episode_groups: tuple[str, ...]
-    store: EnvStateStore
-    batcher: InferenceBatcher
-    unroll_hook: UnrollHook
-    episodes: EpisodeWindow
-    step_ledger: StepLedger  # train steps already taken in: resent ones count no episodes
-    scalars: ScalarMeans
-    run: RunControl
-    actors: ConnectedActors
-    max_envs_per_actor: int
-    max_message_bytes: int
-    handshake_timeout_s: float = 10.0
-    # A stream silent this long after its last answer is cancelled (eval streams wait between rounds).
-    idle_timeout_s: float = 300.0
-    eval_idle_timeout_s: float = 330.0
-    # Eval actors (mode EVAL): their own state store and batcher, and the rounds they play.
-    eval_store: EnvStateStore | None = None
-    eval_batcher: InferenceBatcher | None = None
-    eval_rounds: EvalRounds | None = None
-    # Where each complete eval round goes (learner.eval_results.EvalResults).
-    eval_results: Callable[[EvalResult], None] | None = None
-    # Problem.check_episode_record where the Problem's eval records come to the learner;
-    # None: this run takes no records.
-    check_episode_record: Callable[[Mapping[str, Any]], None] | None = None
-
-
-def episode_tag(group: str, metric: str) -> str:
-    """TensorBoard's tag for an episode metric: episode/return for the policy's own
-    ("train") episodes, episode_teacher/return for another group's. TensorBoard sorts its
-    groups by name and opens the first ones, so the episode curves come first."""
-    return f"episode/{metric}" if group == TRAIN else f"episode_{group}/{metric}"
-
-
-class Episode(NamedTuple):
-    """A finished episode as an actor reported it."""
-
-    env: int
-    metrics: dict[str, float]
-    group: str
-    eval_episode: int | None
-    images: dict[str, np.ndarray]  # eval episodes only: Problem.eval_images
-    record: dict[str, Any] | None  # eval episodes only: Problem.episode_record, when the learner writes them
 
 
 class LearnerService(pb_grpc.LearnerServicer):
     def __init__(self, run: ServedRun, max_actors: int):
         self.run = run
+        self.decoder = WireDecoder(run)
         self.max_actors = max_actors
         self._open_streams = 0  # handshaken or not; at most max_actors
         self._streams_lock = threading.Lock()
@@ -196,7 +121,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         if first is None:
             return
         handshake = first.handshake
-        refusal = self._check_handshake(handshake)
+        refusal = self.decoder.check_handshake(handshake)
         if refusal:
             self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, refusal)
         evaluating = handshake.mode == pb.EVAL
@@ -243,7 +168,7 @@ class LearnerService(pb_grpc.LearnerServicer):
                     "handshake repeated: a stream has exactly one handshake, as its first message"
                     if kind == "handshake" else kind))
             try:
-                request, episodes = self._decode_step(message.step, slots, handshake.num_envs)
+                request, episodes = self.decoder.decode_step(message.step, slots, handshake.num_envs)
                 if evaluating:
                     future = self._submit_eval(actor, request, episodes)
                 else:
@@ -334,108 +259,11 @@ class LearnerService(pb_grpc.LearnerServicer):
         context.abort(code, message)
         raise RuntimeError(f"context.abort({code.name}) returned: {message}")
 
-    def _check_handshake(self, handshake: pb.Handshake) -> str | None:
-        run = self.run
-        if handshake.protocol_version != PROTOCOL_VERSION:
-            return (f"protocol version {handshake.protocol_version} from the actor, but the learner speaks "
-                    f"{PROTOCOL_VERSION}: run the same fleetrl version on both")
-        if handshake.problem != run.problem:
-            return f"the actor runs problem {handshake.problem!r} and the learner serves {run.problem!r}"
-        if not handshake.actor_id:
-            return "the handshake has no actor_id"
-        if not 0 < handshake.num_envs <= run.max_envs_per_actor:
-            return (f"the handshake has num_envs = {handshake.num_envs}; this learner takes 1 to "
-                    f"{run.max_envs_per_actor} envs per actor (--max_envs_per_actor)")
-        if handshake.mode == pb.TRAIN:
-            refusal = run.unroll_hook.admit(handshake.num_envs)
-            if refusal:
-                return refusal
-        try:
-            observations = tuple(TensorSpec.from_proto(s) for s in handshake.observation_spec)
-            actions = tuple(TensorSpec.from_proto(s) for s in handshake.action_spec)
-            extras = tuple(TensorSpec.from_proto(s) for s in handshake.extra_spec)
-        except WireError as e:
-            return str(e)
-        return (spec_mismatch("observation", run.observation_specs, observations)
-                or spec_mismatch("action", run.action_specs, actions)
-                or spec_mismatch("extra", run.extra_specs, extras))
-
-    def _decode_step(self, step: pb.Step, slots: np.ndarray, num_envs: int) -> tuple[StepRequest, list[Episode]]:
-        count = len(step.env_indices)
-        if count == 0:
-            raise WireError("the step has no env_indices")
-        for field in ("run_ids", "rewards", "terminated", "truncated"):
-            if len(getattr(step, field)) != count:
-                raise WireError(f"{field} has {len(getattr(step, field))} entries for {count} env_indices")
-        indices = np.asarray(step.env_indices, np.int64)
-        if indices.max() >= num_envs:
-            raise WireError(f"env index {int(indices.max())} is unknown: the handshake declared {num_envs} envs")
-        if count > 1 and np.bincount(indices).max() > 1:  # indices are below num_envs here
-            raise WireError("env_indices repeats an env")
-        run_ids = np.asarray(step.run_ids, np.uint64)
-        if (run_ids == 0).any():
-            raise WireError("run_ids: 0 is reserved, use a random nonzero id per env")
-        rewards = np.asarray(step.rewards, np.float32)
-        if not np.isfinite(rewards).all():
-            bad = int(indices[~np.isfinite(rewards)][0])
-            raise WireError(f"rewards: env {bad} has a NaN or infinite reward")
-        request = StepRequest(
-            slots=slots[indices], run_ids=run_ids,
-            observation=decode_all(step.observations, self.run.observation_specs, count, "observation", indices),
-            extras=decode_all(step.extras, self.run.extra_specs, count, "extra", indices),
-            reward=rewards, terminated=np.asarray(step.terminated, bool), truncated=np.asarray(step.truncated, bool),
-        )
-        return request, [self._decode_episode(e, num_envs) for e in step.finished_episodes]
-
-    def _decode_episode(self, episode: pb.EpisodeStats, num_envs: int) -> Episode:
-        if episode.env_index >= num_envs:
-            raise WireError(f"finished_episodes: env index {episode.env_index} is unknown")
-        if not all(math.isfinite(v) for v in episode.metrics.values()):
-            raise WireError(f"finished_episodes: env {episode.env_index} has a NaN or infinite metric")
-        group = episode.group or TRAIN
-        if group not in self.run.episode_groups:
-            raise WireError(f"finished_episodes: env {episode.env_index} names episode group {group!r}; "
-                            f"this run has {list(self.run.episode_groups)}")
-        return Episode(episode.env_index, dict(episode.metrics), group,
-                       episode.eval_episode if episode.HasField("eval_episode") else None, _decode_images(episode),
-                       self._decode_record(episode))
-
-    def _decode_record(self, episode: pb.EpisodeStats) -> dict[str, Any] | None:
-        if not episode.record:
-            return None
-        field = f"finished_episodes env {episode.env_index} record"
-        if not episode.HasField("eval_episode"):
-            raise WireError(f"{field}: records come only with eval episodes")
-        if self.run.check_episode_record is None:
-            raise WireError(f"{field}: this run's Problem takes no episode records on the learner")
-        record = decode_record(episode.record, field)
-        try:
-            self.run.check_episode_record(record)
-        except ValueError as e:
-            raise WireError(f"{field}: {e}") from None
-        return record
-
-
-@dataclasses.dataclass
-class UnreadableMessage:
-    """Handed to `Stream` in place of a message it must reject: too big, or not a message."""
-
-    reason: str
-
 
 def learner_handler(service: LearnerService, limit_bytes: int) -> grpc.GenericRpcHandler:
     """The Learner service with a request reader that lets `Stream` reject an oversize or
     unparsable message with INVALID_ARGUMENT (gRPC itself would answer RESOURCE_EXHAUSTED or
     INTERNAL). The transport's own limit must be above `limit_bytes`."""
-
-    def read_actor_message(data: bytes) -> pb.ActorMessage | UnreadableMessage:
-        if len(data) > limit_bytes:
-            return UnreadableMessage(f"a message of {len(data):,} bytes is over the limit of {limit_bytes:,} "
-                                     "(--max_message_mb)")
-        try:
-            return pb.ActorMessage.FromString(data)
-        except DecodeError as e:
-            return UnreadableMessage(f"the message is not a valid ActorMessage: {e}")
 
     def unary(method, request_type, response_type):
         return grpc.unary_unary_rpc_method_handler(method, request_deserializer=request_type.FromString,
@@ -443,7 +271,7 @@ def learner_handler(service: LearnerService, limit_bytes: int) -> grpc.GenericRp
 
     handlers = {
         "Stream": grpc.stream_stream_rpc_method_handler(
-            service.Stream, request_deserializer=read_actor_message,
+            service.Stream, request_deserializer=actor_message_reader(limit_bytes),
             response_serializer=pb.LearnerMessage.SerializeToString),
         "GetRunInfo": unary(service.GetRunInfo, pb.RunInfoRequest, pb.RunInfo),
         "GetStatus": unary(service.GetStatus, pb.StatusRequest, pb.Status),
@@ -453,17 +281,3 @@ def learner_handler(service: LearnerService, limit_bytes: int) -> grpc.GenericRp
     if declared != set(handlers):
         raise RuntimeError(f"learner_handler serves {sorted(handlers)} but learner.proto declares {sorted(declared)}")
     return grpc.method_handlers_generic_handler("fleetrl.Learner", handlers)
-
-
-def _decode_images(episode: pb.EpisodeStats) -> dict[str, np.ndarray]:
-    """An eval episode's pictures: [H, W, 3] uint8 each, of a sane size."""
-    images = {}
-    for message in episode.images:
-        image = decode(message, field=f"finished_episodes env {episode.env_index} images")
-        if image.dtype != np.uint8 or image.ndim != 3 or image.shape[2] != 3 or max(image.shape) > MAX_IMAGE_SIDE:
-            raise WireError(f"finished_episodes env {episode.env_index} image {message.name!r}: expected [H, W, 3] "
-                            f"uint8 of at most {MAX_IMAGE_SIDE} a side, got {image.dtype} {list(image.shape)}")
-        images[message.name] = image
-    if images and not episode.HasField("eval_episode"):
-        raise WireError(f"finished_episodes env {episode.env_index}: images come only with eval episodes")
-    return images

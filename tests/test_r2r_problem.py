@@ -88,17 +88,17 @@ def test_r2r_learns_to_follow_instructions_in_unseen_houses(tmp_path, monkeypatc
 
 
 def test_eval_pictures_that_are_not_rgb_images_are_refused():
-    from fleetrl.learner.server import _decode_images
+    from fleetrl.learner.wire_messages import decode_images
     from fleetrl.proto import learner_pb2 as pb
     from fleetrl.proto.tensors import WireError, encode
 
     picture = encode("val_seen/topdown", np.zeros((4, 5, 3), np.uint8))
     good = pb.EpisodeStats(env_index=0, eval_episode=3, images=[picture])
-    assert _decode_images(good)["val_seen/topdown"].shape == (4, 5, 3)
+    assert decode_images(good)["val_seen/topdown"].shape == (4, 5, 3)
     for image, why in ((np.zeros((4, 5), np.uint8), "expected \\[H, W, 3\\] uint8"),
                        (np.zeros((4, 5, 3), np.float32), "got float32"),
                        (np.zeros((3000, 2, 3), np.uint8), "at most 2048")):
         with pytest.raises(WireError, match=why):
-            _decode_images(pb.EpisodeStats(env_index=0, eval_episode=3, images=[encode("x", image)]))
+            decode_images(pb.EpisodeStats(env_index=0, eval_episode=3, images=[encode("x", image)]))
     with pytest.raises(WireError, match="only with eval episodes"):
-        _decode_images(pb.EpisodeStats(env_index=0, images=[encode("x", np.zeros((4, 5, 3), np.uint8))]))
+        decode_images(pb.EpisodeStats(env_index=0, images=[encode("x", np.zeros((4, 5, 3), np.uint8))]))

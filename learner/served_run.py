@@ -1,0 +1,73 @@
+"""What the learner's gRPC service serves: the run it checks actors against and sends their
+data to (`ServedRun`), and what it reads of the run's life (`RunControl`)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
+
+from fleetrl.learner.connected_actors import ConnectedActors
+from fleetrl.learner.env_state_store import EnvStateStore
+from fleetrl.learner.eval_rounds import EvalResult, EvalRounds
+from fleetrl.learner.inference_batcher import InferenceBatcher
+from fleetrl.learner.metrics import EpisodeWindow, ScalarMeans
+from fleetrl.learner.step_ledger import StepLedger
+from fleetrl.losses.unroll_hook import UnrollHook
+from fleetrl.problems.base import TRAIN
+from fleetrl.proto import learner_pb2 as pb
+from fleetrl.proto.tensors import Specs
+
+
+class RunControl(Protocol):
+    """What the service asks of the run it serves (the Learner implements it)."""
+
+    def policy_version(self) -> int: ...
+
+    def is_finished(self) -> bool: ...
+
+    def finished_reason(self) -> str: ...
+
+    def status(self) -> pb.Status: ...
+
+
+@dataclasses.dataclass
+class ServedRun:
+    """What the service checks actors against, and where it sends their data."""
+
+    problem: str
+    hparams: dict[str, str]
+    observation_specs: Specs
+    action_specs: Specs
+    extra_specs: Specs
+    episode_groups: tuple[str, ...]
+    store: EnvStateStore
+    batcher: InferenceBatcher
+    unroll_hook: UnrollHook
+    episodes: EpisodeWindow
+    step_ledger: StepLedger  # train steps already taken in: resent ones count no episodes
+    scalars: ScalarMeans
+    run: RunControl
+    actors: ConnectedActors
+    max_envs_per_actor: int
+    max_message_bytes: int
+    handshake_timeout_s: float = 10.0
+    # A stream silent this long after its last answer is cancelled (eval streams wait between rounds).
+    idle_timeout_s: float = 300.0
+    eval_idle_timeout_s: float = 330.0
+    # Eval actors (mode EVAL): their own state store and batcher, and the rounds they play.
+    eval_store: EnvStateStore | None = None
+    eval_batcher: InferenceBatcher | None = None
+    eval_rounds: EvalRounds | None = None
+    # Where each complete eval round goes (learner.eval_results.EvalResults).
+    eval_results: Callable[[EvalResult], None] | None = None
+    # Problem.check_episode_record where the Problem's eval records come to the learner;
+    # None: this run takes no records.
+    check_episode_record: Callable[[Mapping[str, Any]], None] | None = None
+
+
+def episode_tag(group: str, metric: str) -> str:
+    """TensorBoard's tag for an episode metric: episode/return for the policy's own
+    ("train") episodes, episode_teacher/return for another group's. TensorBoard sorts its
+    groups by name and opens the first ones, so the episode curves come first."""
+    return f"episode/{metric}" if group == TRAIN else f"episode_{group}/{metric}"
