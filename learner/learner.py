@@ -43,7 +43,8 @@ from fleetrl.learner.monitor import Monitor
 from fleetrl.learner.rank_sync import RankSync
 from fleetrl.learner.run_files import RunSummary, rank_logdir, write_run_config, write_summary
 from fleetrl.learner.run_state import RunState
-from fleetrl.learner.server import LearnerService, ServedRun
+from fleetrl.learner.served_run import ServedRun
+from fleetrl.learner.server import LearnerService
 from fleetrl.learner.serving import LearnerServer
 from fleetrl.learner.sharded import ShardedAgent
 from fleetrl.learner.step_ledger import StepLedger
@@ -199,7 +200,8 @@ class Learner:
             monitor.join(timeout=10)
             summaries.write()
             # Under FSDP every rank takes part (the optimizer state is gathered), so not after a rank failed.
-            final_checkpoint = self.run_state.save() if stopped_together or not self.sharded else None
+            final_checkpoint = (self.run_state.save(together=stopped_together or not self.ranks)
+                                if stopped_together or not self.sharded else None)
             summaries.close()
             self.eval_results.close()
             if self.ranks:

@@ -71,6 +71,28 @@ class RankSync:
     def _local_mean_return(self) -> float:
         return self._episodes.mean("return") if len(self._episodes) >= self._window else math.nan
 
+    def gather_ledgers(self, pairs: list[list[int]]) -> list[list[int]]:
+        """Every rank's step ledger ([group, sequence] pairs) in one, a group's highest
+        sequence kept: after a resume, an actor's resent step may reach any rank (a collective)."""
+        if self.world_size == 1:
+            return pairs
+        signed = [[g - 2**64 if g >= 2**63 else g, s] for g, s in pairs]  # run ids are uint64
+        mine = torch.tensor(signed, dtype=torch.int64).reshape(-1, 2)
+        sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(self.world_size)]
+        collective("step ledgers' sizes", self.timeout_s,
+                   lambda: dist.all_gather(sizes, torch.tensor([len(mine)], dtype=torch.int64)))
+        longest = max(int(n) for n in sizes)
+        padded = torch.zeros(longest, 2, dtype=torch.int64)
+        padded[:len(mine)] = mine
+        rows = [torch.empty_like(padded) for _ in range(self.world_size)]
+        collective("step ledgers' gather", self.timeout_s, lambda: dist.all_gather(rows, padded))
+        merged: dict[int, int] = {}
+        for row, n in zip(rows, sizes):
+            for group, sequence in row[:int(n)].tolist():
+                group %= 2**64
+                merged[group] = max(sequence, merged.get(group, 0))
+        return [[g, s] for g, s in merged.items()]
+
     def exchange(self, stopping: bool, checkpoint_due: bool = False) -> Agreed:
         """Whether any rank stops, and whether rank 0's checkpoint is due; updates the fleet's
         counts. Every rank calls it once per batch, before training it. Raises RanksDiverged

@@ -73,9 +73,9 @@ class RunState:
         return self.fleet.counts().env_steps
 
     def checkpoint(self, model: dict[str, torch.Tensor] | None = None, with_optimizer: bool = True,
-                   optimizer: dict | None = None) -> dict:
+                   optimizer: dict | None = None, step_ledger: list[list[int]] | None = None) -> dict:
         """Everything a resume needs, as tensors and plain values (loadable with weights_only=True).
-        `optimizer`: the optimizer's state when already gathered (`optimizer_state`)."""
+        `optimizer` and `step_ledger`: when already gathered from every learner rank."""
         state = {
             "format": CHECKPOINT_FORMAT, "problem": self.config.problem, "hparams": dict(self.config.hparams),
             "learner_config": dataclasses.asdict(self.config),
@@ -83,7 +83,8 @@ class RunState:
             "policy_version": self.policy.version, "env_steps": self.env_steps,
             # The count before the ledger: a step taken in between is then in the ledger and not in
             # the count, so after a resume its resend is lost, never counted twice.
-            "episodes": self.fleet.counts().episodes, "step_ledger": self.step_ledger.state(),
+            "episodes": self.fleet.counts().episodes,
+            "step_ledger": step_ledger if step_ledger is not None else self.step_ledger.state(),
             "learner_ranks": self.fleet.world_size,
             "eval_rounds": self.eval_rounds.completed, "best": self.best,
             "rng": {"torch": torch.get_rng_state(), "trainer_shuffle": self.shuffle_generator.get_state()},
@@ -96,15 +97,21 @@ class RunState:
         """The optimizer's whole state (under FSDP a collective, whole on rank 0 only)."""
         return self.sharded.optimizer_state(self.optimizer) if self.sharded else self.optimizer.state_dict()
 
-    def save(self) -> str | None:
+    def save(self, together: bool = True) -> str | None:
         """Writes a periodic checkpoint; returns its path, or None when it could not be written
-        (or on ranks other than 0, which only take part in gathering it)."""
+        (or on ranks other than 0, which only take part in gathering it). `together`: every
+        rank is saving (else rank 0 alone: its own step ledger, and no FSDP)."""
         self._last_save = (time.monotonic(), self.policy.version)  # a failed write waits for the next interval too
         optimizer = self.optimizer_state()
+        # Every rank's ledger, since after a resume with another number of ranks an actor may
+        # resend its step to another rank. Read after the fleet's counts, which are those of
+        # the last exchange (see `checkpoint` for why that order).
+        ledger = (self.fleet.gather_ledgers(self.step_ledger.state())
+                  if together and self.fleet.world_size > 1 else None)
         if self.config.rank != 0:
             return None
         try:
-            return self.checkpoints.save(self.checkpoint(optimizer=optimizer))
+            return self.checkpoints.save(self.checkpoint(optimizer=optimizer, step_ledger=ledger))
         except OSError as e:
             self._write_failed(f"checkpoint at policy version {self.policy.version}", e)
             return None

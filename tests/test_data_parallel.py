@@ -160,3 +160,28 @@ def test_fsdp_without_learner_ranks_is_refused_by_name(tmp_path):
 
     with pytest.raises(ValueError, match="--fsdp shards the training over learner ranks"):
         Learner(LearnerConfig(problem="cartpole", logdir=str(tmp_path), bind="127.0.0.1:0", fsdp=True))
+
+
+def gather_ledgers(rank: int, init_file: str, out: str, ledgers: list):
+    from fleetrl.learner.metrics import EpisodeWindow
+    from fleetrl.learner.rank_sync import RankSync
+
+    data_parallel = DataParallel(rank, 2, CPU, timeout_s=60, init_method=f"file://{init_file}")
+    try:
+        merged = RankSync(2, lambda: 0, EpisodeWindow(10), 10, [], 60).gather_ledgers(ledgers[rank])
+        torch.save(merged, f"{out}/ledger{rank}.pt")
+    finally:
+        data_parallel.close()
+
+
+@pytest.mark.parametrize("ledgers", [
+    [[[2**64 - 1, 5], [7, 3]], [[7, 9], [11, 1]]],  # run ids are uint64; a group on both ranks keeps its highest
+    [[[2**63, 2]], []],  # a rank whose actors have sent no numbered step yet
+])
+def test_every_ranks_step_ledger_goes_into_the_checkpoint(tmp_path, ledgers):
+    mp.spawn(gather_ledgers, args=(str(tmp_path / "init"), str(tmp_path), ledgers), nprocs=2, join=True)
+    expected = {}
+    for group, sequence in ledgers[0] + ledgers[1]:
+        expected[group] = max(sequence, expected.get(group, 0))
+    for rank in range(2):
+        assert dict(map(tuple, torch.load(tmp_path / f"ledger{rank}.pt"))) == expected
