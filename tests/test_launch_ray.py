@@ -206,12 +206,12 @@ def test_learner_ranks_share_a_placement_group_and_restart_together_when_one_die
     on each; rank 1's process is killed, and every rank restarts from rank 0's checkpoint."""
     lines: list[str] = []
     logdir = tmp_path / "run"
-    with running_launcher(cluster, logdir, "--learner_ranks=2", "--total_env_steps=150000",
-                          "--checkpoint_every_steps=20", "--learner_max_restarts=1",
+    with running_launcher(cluster, logdir, "--learner_ranks=2", "--total_env_steps=100000",
+                          "--checkpoint_every_steps=10", "--learner_max_restarts=1",
                           '--learner_resources={"CPU": 0.5, "fleetrl_learner_node": 0.5}') as process:
         nodes = [read_until(process, rf"learner rank {r} \(pid (\d+)\) on node (\w+)", lines) for r in range(2)]
         assert nodes[0].group(2) == nodes[1].group(2)  # one placement group, packed on the head
-        read_until(process, r"trainer [1-9]\d\d+ \|", lines)  # checkpoints written
+        read_until(process, r"trainer ([3-9]\d|\d{3,}) \|", lines)  # checkpoints written
         os.kill(int(nodes[1].group(1)), signal.SIGKILL)
         read_until(process, r"learner rank [01].*; restarting every learner rank from the latest checkpoint", lines)
         restart = read_until(process, r"learner ranks restarted: pid (\d+), (\d+) on node \w+, resumed from (\S+) "
