@@ -100,9 +100,10 @@ class WireDecoder:
             extras=decode_all(step.extras, self.run.extra_specs, count, "extra", indices),
             reward=rewards, terminated=np.asarray(step.terminated, bool), truncated=np.asarray(step.truncated, bool),
         )
-        return request, [self._episode(e, num_envs) for e in step.finished_episodes]
+        return request, [self.decode_episode(e, num_envs) for e in step.finished_episodes]
 
-    def _episode(self, episode: pb.EpisodeStats, num_envs: int) -> Episode:
+    def decode_episode(self, episode: pb.EpisodeStats, num_envs: int) -> Episode:
+        """A finished episode of a step; raises WireError naming what is wrong."""
         if episode.env_index >= num_envs:
             raise WireError(f"finished_episodes: env index {episode.env_index} is unknown")
         if not all(math.isfinite(v) for v in episode.metrics.values()):
