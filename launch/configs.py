@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 
 from fleetrl.actor.config import ActorConfig
 from fleetrl.common.settings import check_range, fill_problem_settings, problem_setting, setting
@@ -41,16 +42,21 @@ class FleetConfig:
         check_range("env_groups", self.env_groups, low=1, high=self.envs_per_actor)
 
     def actor_configs(self, learner: LearnerConfig, learner_address: str, id_prefix: str | None = None,
-                      **security: str) -> list[tuple[str, ActorConfig]]:
+                      rank_addresses: Sequence[str] = (), **security: str) -> list[tuple[str, ActorConfig]]:
         """(name, config) of each actor, eval actors last; with `id_prefix`, each one's actor
-        id is the prefix and its name (else hostname:pid)."""
+        id is the prefix and its name (else hostname:pid). With learner ranks' addresses,
+        actor i serves rank i mod their number; eval actors serve `learner_address` (rank
+        0), so each eval episode is played once."""
         def actor(name: str, **fields) -> tuple[str, ActorConfig]:
             actor_id = f"{id_prefix}{name}" if id_prefix is not None else ""
-            return name, ActorConfig(learner_address=learner_address, problem=learner.problem, actor_id=actor_id,
+            fields.setdefault("learner_address", learner_address)
+            return name, ActorConfig(problem=learner.problem, actor_id=actor_id,
                                      max_reconnect_s=self.max_reconnect_s, **security, **fields)
 
-        return [actor(f"actor-{i}", num_envs=self.envs_per_actor, seed=learner.seed * 1000 + i,
-                      async_envs=self.async_envs, env_groups=self.env_groups) for i in range(self.num_actors)] + \
+        ranks = list(rank_addresses) or [learner_address]
+        return [actor(f"actor-{i}", learner_address=ranks[i % len(ranks)], num_envs=self.envs_per_actor,
+                      seed=learner.seed * 1000 + i, async_envs=self.async_envs, env_groups=self.env_groups)
+                for i in range(self.num_actors)] + \
                [actor(f"eval-actor-{i}", num_envs=self.eval_envs_per_actor, mode="eval")
                 for i in range(self.num_eval_actors)]
 
@@ -108,6 +114,9 @@ class RayConfig:
         check_range("max_restarts", self.max_restarts, low=-1)
         check_range("learner_max_restarts", self.learner_max_restarts, low=-1)
         check_range("learner_ranks", self.learner_ranks, low=1)
+        if self.learner_ranks > 1 and not any(self.resources("learner_resources").values()):
+            raise ValueError("--learner_ranks places each rank in a bundle of --learner_resources: give it some, "
+                             "such as '{\"CPU\": 1}' or '{\"GPU\": 1}'")
 
     def resources(self, name: str) -> dict[str, float]:
         """The resource request of flag `name`, such as {"CPU": 1, "GPU": 1, "my_node": 1}."""

@@ -76,11 +76,9 @@ def launch(config: LocalConfig) -> int:
             print(f"{failed.name} exited before serving:\n{failed.tail()}", file=sys.stderr)
             return 1
         address = addresses[0]
-        # Actor i serves rank i mod ranks; eval actors, rank 0, so each eval episode is played once.
         actors = []
-        for i, (name, actor_config) in enumerate(config.fleet.actor_configs(learner_cfg, address, id_prefix="local-")):
-            if actor_config.mode == "train":
-                actor_config = dataclasses.replace(actor_config, learner_address=addresses[i % ranks])
+        for name, actor_config in config.fleet.actor_configs(learner_cfg, address, id_prefix="local-",
+                                                             rank_addresses=addresses):
             actors.append(children.start(name, python + ["fleetrl.launch.actor", *to_argv(actor_config)],
                                          os.path.join(logs, f"{name}.log")))
         if config.tensorboard_port:  # this environment's own, whether or not it is on PATH

@@ -86,10 +86,8 @@ def launch(config: RayConfig) -> int:
         security = dict(auth_token_file=config.learner.auth_token_file, tls_ca=config.tls_ca,
                         tls_cert=config.actor_tls_cert, tls_key=config.actor_tls_key,
                         tls_server_name=config.tls_server_name)
-        # Actor i serves rank i mod ranks; eval actors, rank 0, so each eval episode is played once.
-        for i, (name, actor_config) in enumerate(config.fleet.actor_configs(config.learner, addresses[0], **security)):
-            if actor_config.mode == "train":
-                actor_config = dataclasses.replace(actor_config, learner_address=addresses[i % len(addresses)])
+        for name, actor_config in config.fleet.actor_configs(config.learner, addresses[0], rank_addresses=addresses,
+                                                             **security):
             resources = config.resources("eval_actor_resources" if actor_config.mode == "eval" else "actor_resources")
             handle = ray.remote(FleetrlActor).options(
                 max_restarts=config.max_restarts, max_concurrency=2, scheduling_strategy="SPREAD",
@@ -98,9 +96,6 @@ def launch(config: RayConfig) -> int:
             actors[name] = handle
             handles.append(handle)
         summary = _serve(group, actors, config.progress_interval_s, stop_requested, config.start_timeout_s)
-    except ValueError as e:  # learner ranks without resources
-        print(str(e), file=sys.stderr)
-        return 2
     finally:
         for handle in handles:  # nothing stays on the cluster: not even an actor Ray would restart
             ray.kill(handle, no_restart=True)

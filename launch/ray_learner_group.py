@@ -53,9 +53,6 @@ class LearnerGroup:
     def __init__(self, config: RayConfig):
         self.config, self.size = config, config.learner_ranks
         self.resources = config.resources("learner_resources")
-        if self.size > 1 and not any(self.resources.values()):
-            raise ValueError("--learner_ranks places each rank in a bundle of --learner_resources: give it some, "
-                             "such as '{\"CPU\": 1}' or '{\"GPU\": 1}'")
         self.placement = None
         if any(self.resources.values()):
             bundle = {k: float(v) for k, v in self.resources.items() if v}

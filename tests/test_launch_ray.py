@@ -253,9 +253,10 @@ def test_a_learner_that_cannot_start_ends_the_launch_with_its_error(cluster, tmp
 @pytest.mark.parametrize("flag,message", [
     ("--actor_resources=[1]", "--actor_resources takes a JSON object of amounts"),
     ("--problem=no_such_problem", "unknown problem 'no_such_problem'"),
+    ("--learner_ranks=2 --learner_resources={}", "--learner_ranks places each rank in a bundle of --learner_resources"),
 ])
 def test_a_bad_flag_is_refused_before_touching_the_cluster(flag, message):
-    process = subprocess.run([sys.executable, "-m", "fleetrl.launch.ray", "--address=127.0.0.1:1", flag],
+    process = subprocess.run([sys.executable, "-m", "fleetrl.launch.ray", "--address=127.0.0.1:1", *flag.split(" ")],
                              capture_output=True, text=True, env=ENV, timeout=60)
     assert process.returncode == 2
     assert message in process.stderr
