@@ -1,34 +1,35 @@
 """Dynamic batching: merges the requests of many actor streams into one forward pass.
 
-Each actor stream thread submits its request and waits on a Future. One batching thread
-takes requests off a queue until their envs add up to `max_batch_size` or `timeout_s` has
-passed since the first one arrived, then calls `handler` once for all of them. So a slow or
-vanished actor delays the others by at most the timeout, and never blocks them.
+The batcher lives on the server's event loop, with the streams: a stream awaits the
+future `submit` gives it, and the loop goes on reading the other streams. The forward
+pass (`handler`) runs on the batcher's own thread, one batch at a time, so the loop never
+waits on the model. Each batch costs one handoff to that thread and one back, whatever the
+number of requests in it.
 
-A batch also flushes as soon as nothing more can join it. `connected_envs`, read at each
-batch, is the number of envs that could be waiting: the learner passes its state store's
-allocated slots, so a batch that holds every connected env goes at once. `max_requests`,
-also read at each batch, is the most requests that can be waiting at once: the learner
-passes the number of streams that are stepping (`ConnectedActors.stepping`: connected, and
-not gone quiet), since a stream submits its next step only once its last one is answered.
-So a batch that holds a step from every stream (an actor whose envs take turns in groups
-never has all of them waiting) flushes at once instead of waiting out the timeout.
+While the thread is busy, requests wait on the loop. Once it is free and a request
+waits, a batch opens: it goes when its envs add up to `max_batch_size`, or when nothing
+more can join it, or `timeout_s` after it opened. So a slow or vanished actor delays the
+others by at most the timeout, and never blocks them. "Nothing more can join" is read once
+per batch, as it opens: `connected_envs` (the state store's allocated slots: a batch that
+holds every connected env goes at once) and `max_requests` (the streams that are stepping,
+`ConnectedActors.stepping`; a stream submits its next step only once its last one is
+answered, so a batch that holds a step from each goes at once).
 
-A batch whose handler raises is retried one request at a time, so that one actor's bad
-step fails only that actor's request; the others get their results. The handler must
-therefore change nothing when it raises (see `inference.InferenceStep`).
+A batch whose handler raises is retried one request at a time, on the thread, so that one
+actor's bad step fails only that actor's request; the others get their results. The
+handler must therefore change nothing when it raises (see `inference.InferenceStep`).
 
-Once `stop()` returns, every submitted request has its answer or BatcherStopped: a request
-submitted while the batcher stops is either drained by it or refused at once.
+Once `stop()` returns, every submitted request has its answer or BatcherStopped, and
+later submits get BatcherStopped.
 """
 
 from __future__ import annotations
 
-import queue
-import threading
+import asyncio
+import collections
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future
+from concurrent import futures
 from typing import Any, Generic, TypeVar
 
 Request = TypeVar("Request")
@@ -41,82 +42,135 @@ class BatcherStopped(RuntimeError):
 class InferenceBatcher(Generic[Request]):
     def __init__(self, handler: Callable[[Sequence[Request]], Sequence[Any]], size_of: Callable[[Request], int],
                  max_batch_size: int, timeout_s: float, connected_envs: Callable[[], int] | None = None,
-                 max_requests: Callable[[], int] | None = None):
+                 max_requests: Callable[[], int] | None = None, name: str = "inference"):
         self._handler = handler
         self._size_of = size_of
         self.max_batch_size = max_batch_size
+        self.timeout_s = timeout_s
         self._connected_envs = connected_envs
         self._max_requests = max_requests
-        self.timeout_s = timeout_s
-        self._queue: queue.SimpleQueue[tuple[Request, Future]] = queue.SimpleQueue()
-        self._stop = threading.Event()
-        # Held while submitting and while stopping, so no request slips in after the drain.
-        self._stop_lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name="inference-batcher", daemon=True)
+        self._name = name
         self.isolated_failures = 0  # batches that failed and were retried request by request
+        # Only the loop touches these.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: futures.ThreadPoolExecutor | None = None
+        self._waiting: collections.deque[tuple[Request, asyncio.Future, int]] = collections.deque()
+        self._in_flight: futures.Future | None = None  # the batch on the thread
+        self._opened: tuple[float, int, float] | None = None  # the open batch: (deadline, env limit, request limit)
+        self._timer: asyncio.TimerHandle | None = None
+        self._stopped = False
 
-    def start(self) -> None:
-        self._thread.start()
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Serves the requests submitted on `loop`, which must be running."""
+        self._loop = loop
+        self._thread = futures.ThreadPoolExecutor(1, thread_name_prefix=self._name)
 
-    def stop(self) -> None:
-        with self._stop_lock:
-            self._stop.set()
-        self._thread.join(timeout=10)
-        while True:  # fail whatever is still waiting, so no stream thread hangs
-            try:
-                _, future = self._queue.get_nowait()
-            except queue.Empty:
-                break
+    def submit(self, request: Request) -> asyncio.Future:
+        """On the loop: a future for `request`'s result."""
+        future = self._loop.create_future()
+        if self._stopped:
             future.set_exception(BatcherStopped("the learner is shutting down"))
-
-    def submit(self, request: Request) -> Future:
-        future: Future = Future()
-        with self._stop_lock:
-            if self._stop.is_set():
-                future.set_exception(BatcherStopped("the learner is shutting down"))
-            else:
-                self._queue.put((request, future))
+            return future
+        self._waiting.append((request, future, self._size_of(request)))
+        self._dispatch()
         return future
 
-    def _next_batch(self) -> list[tuple[Request, Future]]:
-        try:
-            batch = [self._queue.get(timeout=0.1)]
-        except queue.Empty:
-            return []
-        size = self._size_of(batch[0][0])
-        deadline = time.monotonic() + self.timeout_s
-        limit = min(self.max_batch_size, self._connected_envs()) if self._connected_envs else self.max_batch_size
-        max_requests = self._max_requests() if self._max_requests is not None else float("inf")
-        while size < limit and len(batch) < max_requests:
-            remaining = deadline - time.monotonic()
-            try:
-                item = self._queue.get(timeout=remaining) if remaining > 0 else self._queue.get_nowait()
-            except queue.Empty:
-                break
-            batch.append(item)
-            size += self._size_of(item[0])
-        return batch
+    def stop(self) -> None:
+        """From any thread but the loop's: fails the waiting requests, lets the batch in
+        flight finish (10 s at most), and stops the thread."""
+        if self._loop is None:
+            self._stopped = True
+            return
+        if self._loop.is_running():
+            in_flight = asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result()
+            if in_flight is not None:
+                futures.wait([in_flight], timeout=10)
+                # Its answers are handed out by a loop callback queued before this one.
+                asyncio.run_coroutine_threadsafe(asyncio.sleep(0), self._loop).result()
+        self._stopped = True
+        self._thread.shutdown(wait=False, cancel_futures=True)
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            batch = self._next_batch()
-            if batch:
-                self._serve(batch)
+    async def _stop(self) -> futures.Future | None:
+        self._stopped = True
+        if self._timer is not None:
+            self._timer.cancel()
+        while self._waiting:
+            _, future, _ = self._waiting.popleft()
+            if not future.done():
+                future.set_exception(BatcherStopped("the learner is shutting down"))
+        return self._in_flight
 
-    def _serve(self, batch: list[tuple[Request, Future]]) -> None:
+    # ----- on the loop -----
+
+    def _dispatch(self) -> None:
+        """Sends the open batch to the thread if it is full, else makes sure its deadline will."""
+        if self._in_flight is not None or not self._waiting or self._stopped:
+            return
+        if self._opened is None:  # open a batch: what can still join it is read now
+            limit = min(self.max_batch_size, self._connected_envs()) if self._connected_envs else self.max_batch_size
+            max_requests = self._max_requests() if self._max_requests is not None else float("inf")
+            self._opened = (time.monotonic() + self.timeout_s, limit, max_requests)
+        deadline, limit, max_requests = self._opened
+        size = 0
+        taken = 0
+        for _, _, n in self._waiting:
+            size += n
+            taken += 1
+            if size >= limit or taken >= max_requests:
+                self._send(taken)
+                return
+        if time.monotonic() >= deadline:
+            self._send(taken)
+        elif self._timer is None:
+            self._timer = self._loop.call_at(self._loop.time() + deadline - time.monotonic(), self._on_deadline)
+
+    def _on_deadline(self) -> None:
+        self._timer = None
+        self._dispatch()
+
+    def _send(self, count: int) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self._opened = None
+        batch = [self._waiting.popleft() for _ in range(count)]
+        self._in_flight = self._thread.submit(self._serve, [request for request, _, _ in batch])
+        # One wake-up of the loop per batch: its results are handed out there.
+        self._in_flight.add_done_callback(lambda done: self._loop.call_soon_threadsafe(self._answer, batch, done))
+
+    def _answer(self, batch: list[tuple[Request, asyncio.Future, int]], done: futures.Future) -> None:
+        self._in_flight = None
         try:
-            results = self._handler([request for request, _ in batch])
+            outcomes = done.result()
+        except futures.CancelledError:
+            outcomes = [BatcherStopped("the learner is shutting down")] * len(batch)
+        for (_, future, _), outcome in zip(batch, outcomes):
+            if future.done():  # its stream went away
+                continue
+            if isinstance(outcome, _Failed):
+                future.set_exception(outcome.error)
+            else:
+                future.set_result(outcome)
+        self._dispatch()
+
+    # ----- on the batcher's thread -----
+
+    def _serve(self, requests: list[Request]) -> list[Any]:
+        """Each request's result, or `_Failed` with what it raised."""
+        try:
+            return list(self._handler(requests))
         except Exception as e:
-            if len(batch) == 1:
-                batch[0][1].set_exception(e)
-            else:  # find the request that fails on its own; the others are served
-                self.isolated_failures += 1
-                for item in batch:
-                    self._serve([item])
-            return
-        except BaseException as e:  # the handler's failure belongs to these requests, not the thread
-            for _, future in batch:
-                future.set_exception(e)
-            return
-        for (_, future), result in zip(batch, results):
-            future.set_result(result)
+            if len(requests) == 1:
+                return [_Failed(e)]
+            self.isolated_failures += 1  # find the request that fails on its own; the others are served
+            return [self._serve([request])[0] for request in requests]
+        except BaseException as e:  # noqa: BLE001 - the batch's, not a request's; and not the loop's to raise
+            error = RuntimeError(f"the inference step ended by {e!r}")
+            error.__cause__ = e
+            return [_Failed(error)] * len(requests)
+
+
+class _Failed:
+    def __init__(self, error: BaseException):
+        self.error = error
+

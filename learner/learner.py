@@ -1,10 +1,11 @@
 """The Learner: builds the parts, serves actors, trains, and ends the run.
 
 Threads:
-- gRPC workers, one per actor stream (`server.LearnerService`, served by `serving.LearnerServer`);
-- the inference batcher (`inference_batcher.InferenceBatcher` calling `inference.InferenceStep`),
-  which hands finished unrolls to the algorithm's unroll hook and then the unroll queue;
-- a second batcher for eval actors (`eval_inference.EvalInference`), whose rounds
+- the server's event loop (`serving.LearnerServer`): every actor stream (`server.LearnerService`)
+  and the inference batchers (`inference_batcher.InferenceBatcher`);
+- the inference thread, which runs the batched forward pass (`inference.InferenceStep`) and
+  hands finished unrolls to the algorithm's unroll hook and then the unroll queue;
+- a second one for eval actors (`eval_inference.EvalInference`), whose rounds
   (`eval_rounds.EvalRounds`) end in `eval_results.EvalResults`;
 - the monitor (`monitor.Monitor`), which writes TensorBoard summaries (`summaries`) and checks the
   stop conditions (`stop_conditions`);
@@ -104,14 +105,14 @@ class Learner:
                                        self.device, config.inference_transfer)
         self.batcher = InferenceBatcher(self.inference, len, config.inference_batch_size,
                                         config.inference_timeout_ms / 1000, self.store.num_allocated,
-                                        functools.partial(self.actors.stepping, pb.TRAIN))
+                                        functools.partial(self.actors.stepping, pb.TRAIN), name="inference")
 
         # Evaluation: eval actors play rounds with frozen snapshots, through their own batcher.
         self.eval_store = build_state_store(self.problem, self.agent, 0, self.device, record=False)
         self.eval_inference = EvalInference(self.problem, self.eval_store, self.device, config.inference_transfer)
         self.eval_batcher = InferenceBatcher(self.eval_inference, len, config.inference_batch_size,
                                              config.inference_timeout_ms / 1000, self.eval_store.num_allocated,
-                                             functools.partial(self.actors.stepping, pb.EVAL))
+                                             functools.partial(self.actors.stepping, pb.EVAL), name="eval-inference")
         self.eval_rounds = EvalRounds(self._eval_snapshot, self.problem.num_eval_episodes(), config.eval_interval_s)
 
         self.step_ledger = StepLedger()
@@ -158,9 +159,7 @@ class Learner:
                                    resumed=self.resumed_from is not None, config=run_config,
                                    env_steps=lambda: self.fleet.counts().env_steps)
         self.eval_results.open(resumed=self.resumed_from is not None)
-        self.server.start()
-        self.batcher.start()
-        self.eval_batcher.start()
+        self.server.start()  # and the batchers
         monitor = Monitor(self.stop, self.stop_conditions, self.finish, summaries, self.config.summary_interval_s,
                           self._started)
         monitor.start()
@@ -191,10 +190,7 @@ class Learner:
             raise
         finally:
             self.finish("stopped")
-            self.batcher.stop()
-            self.eval_batcher.stop()
-            self.server.stop(grace=5).wait()
-            self.service.close()
+            self.server.stop(grace=5).wait()  # the batchers first: waiting steps end their streams
             if stopped_together:  # the fleet's final counts, once every rank has served its last step
                 self.fleet.exchange(stopping=True)
             monitor.join(timeout=10)

@@ -51,25 +51,25 @@ def server_credentials(cert_file: str, key_file: str, client_ca_file: str = "") 
                                        require_client_auth=client_ca is not None)
 
 
-class TokenCheck(grpc.ServerInterceptor):
+class TokenCheck(grpc.aio.ServerInterceptor):
     """Lets a call through only with `authorization: Bearer <token>` in its metadata."""
 
     def __init__(self, token: str, on_reject: Callable[[], None] = lambda: None):
         self._expected = bearer(token).encode()
         self._on_reject = on_reject
 
-    def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(self, continuation, handler_call_details):
         supplied = dict(handler_call_details.invocation_metadata).get(METADATA_KEY, "")
         supplied = supplied.encode() if isinstance(supplied, str) else supplied
         if hmac.compare_digest(supplied, self._expected):
-            return continuation(handler_call_details)
+            return await continuation(handler_call_details)
         self._on_reject()
-        handler = continuation(handler_call_details)
+        handler = await continuation(handler_call_details)
         if handler is None:
             return None
 
-        def deny(request, context):
-            context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token")
+        async def deny(request, context):
+            await context.abort(grpc.StatusCode.UNAUTHENTICATED, "missing or wrong auth token")
 
         if handler.request_streaming and handler.response_streaming:
             return grpc.stream_stream_rpc_method_handler(deny)

@@ -1,28 +1,30 @@
 """The learner's gRPC service: the protocol's states, one stream per actor.
 
-Each actor stream runs in its own gRPC worker thread: it checks the handshake against the
-run, allocates the actor's env slots, then for every step decodes and validates the
-message (`wire_messages`), submits it to the inference batcher and answers with the actions. A message that
-does not match the protocol (see learner.proto), or a step whose inference fails on its
-own, ends only that actor's stream, with a status naming the field; every other actor
-goes on being served.
+Every stream runs on the server's event loop (`serving.LearnerServer`), a coroutine each:
+it checks the handshake against the run, allocates the actor's env slots, then for every
+step decodes and validates the message (`wire_messages`), submits it to the inference
+batcher (on the same loop; the forward pass runs on the batcher's thread) and answers with
+the actions. A message that does not match the protocol (see learner.proto), or a step
+whose inference fails on its own, ends only that actor's stream, with a status naming the
+field; every other actor goes on being served.
+
+Nothing here blocks the loop for long: what may wait on a lock the trainer holds or on a
+disk (eval work, eval results, the run's status) runs on a worker thread. The counters
+and the per-stream records (`ConnectedActors`) are the loop's alone, so they take no lock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
-import threading
 import time
-from collections.abc import Iterator
-from concurrent import futures
 from typing import NoReturn
 
 import grpc
 import numpy as np
 
-from fleetrl.learner.elastic_pool import ElasticThreadPool
+from fleetrl.learner.connected_actors import ActorStream
 from fleetrl.learner.eval_inference import EvalRequest
-from fleetrl.learner.idle_streams import IdleStreams
 from fleetrl.learner.inference import StepRequest
 from fleetrl.learner.inference_batcher import BatcherStopped
 from fleetrl.learner.served_run import ServedRun, episode_tag
@@ -42,42 +44,40 @@ class LearnerService(pb_grpc.LearnerServicer):
         self.decoder = WireDecoder(run)
         self.max_actors = max_actors
         self._open_streams = 0  # handshaken or not; at most max_actors
-        self._streams_lock = threading.Lock()
-        self._rejected_lock = threading.Lock()
-        self._rejected = 0
-        # Reads each stream's handshake, so that a stream that never sends one is ended on time.
-        self._handshake_reader = ElasticThreadPool(max_actors, thread_name_prefix="handshake")
-        self._idle_streams = IdleStreams(self._end_idle_stream)
+        self.rejected_messages = 0  # read by other threads: an int
+        self._watchdog: asyncio.Task | None = None
 
-    def close(self) -> None:
-        self._handshake_reader.shutdown(wait=False, cancel_futures=True)
-        self._idle_streams.close()
+    async def start(self) -> None:
+        """On the loop: the batchers and the idle-stream watchdog start serving."""
+        loop = asyncio.get_running_loop()
+        self.run.batcher.start(loop)
+        if self.run.eval_batcher is not None:
+            self.run.eval_batcher.start(loop)
+        self._watchdog = loop.create_task(self.run.actors.watch_idle())
 
-    def _end_idle_stream(self, stream: tuple[str, grpc.ServicerContext], timeout_s: float) -> None:
-        actor, context = stream
-        log.warning("actor %r sent no step for %g s after its last answer (--stream_idle_timeout_s, plus "
-                    "--eval_interval_s for eval actors): its stream is cancelled", actor, timeout_s)
-        self.count_rejection()
-        context.cancel()
+    def stop_batchers(self) -> None:
+        """From the learner's thread: waiting steps get BatcherStopped, so their streams end."""
+        self.run.batcher.stop()
+        if self.run.eval_batcher is not None:
+            self.run.eval_batcher.stop()
+
+    async def stop(self) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            await asyncio.gather(self._watchdog, return_exceptions=True)
 
     @property
     def connected_actors(self) -> int:
         return len(self.run.actors)
 
     @property
-    def rejected_messages(self) -> int:
-        with self._rejected_lock:
-            return self._rejected
-
-    @property
     def resent_steps(self) -> int:
         return self.run.step_ledger.resent
 
     def count_rejection(self) -> None:
-        with self._rejected_lock:
-            self._rejected += 1
+        self.rejected_messages += 1
 
-    def GetRunInfo(self, request: pb.RunInfoRequest, context: grpc.ServicerContext) -> pb.RunInfo:
+    async def GetRunInfo(self, request: pb.RunInfoRequest, context: grpc.aio.ServicerContext) -> pb.RunInfo:
         run = self.run
         return pb.RunInfo(
             protocol_version=PROTOCOL_VERSION, problem=run.problem, hparams=run.hparams,
@@ -88,132 +88,132 @@ class LearnerService(pb_grpc.LearnerServicer):
             episode_groups=run.episode_groups, max_message_bytes=run.max_message_bytes,
             handshake_timeout_s=run.handshake_timeout_s)
 
-    def GetStatus(self, request: pb.StatusRequest, context: grpc.ServicerContext) -> pb.Status:
-        return self.run.run.status()
+    async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.Status:
+        return await asyncio.to_thread(self.run.run.status)  # reads counters that ranks exchange under a lock
 
-    def GetEvalWork(self, request: pb.EvalWorkRequest, context: grpc.ServicerContext) -> pb.EvalWork:
+    async def GetEvalWork(self, request: pb.EvalWorkRequest, context: grpc.aio.ServicerContext) -> pb.EvalWork:
         if self.run.run.is_finished():
             return pb.EvalWork(finished=True)
         mode = self.run.actors.mode_of(request.actor_id)
         if mode != pb.EVAL or self.run.eval_rounds is None:
-            self._reject(context, grpc.StatusCode.FAILED_PRECONDITION,
-                         f"actor {request.actor_id!r} has no open eval stream: open one with mode EVAL first")
-        work = self.run.eval_rounds.work(request.actor_id, max(1, request.max_episodes))
+            await self._reject(context, grpc.StatusCode.FAILED_PRECONDITION,
+                               f"actor {request.actor_id!r} has no open eval stream: open one with mode EVAL first")
+        # A new round copies the model under the policy lock, which a training update may hold.
+        work = await asyncio.to_thread(self.run.eval_rounds.work, request.actor_id, max(1, request.max_episodes))
         return pb.EvalWork(round=work.round, policy_version=work.policy_version, episodes=work.episodes,
                            retry_after_s=work.retry_after_s)
 
-    def Stream(self, request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
-        with self._streams_lock:
-            admitted = self._open_streams < self.max_actors
-            self._open_streams += admitted
-        if not admitted:
-            self._reject(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                         f"the learner serves at most {self.max_actors} streams at once (its --max_actors), and that "
-                         "many are open: try again later, or start the learner with a larger --max_actors")
+    async def Stream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        if self._open_streams >= self.max_actors:
+            await self._reject(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                               f"the learner serves at most {self.max_actors} streams at once (its --max_actors), "
+                               "and that many are open: try again later, or start the learner with a larger "
+                               "--max_actors")
+        self._open_streams += 1
         try:
-            yield from self._stream(request_iterator, context)
+            await self._stream(context)
         finally:
-            with self._streams_lock:
-                self._open_streams -= 1
+            self._open_streams -= 1
 
-    def _stream(self, request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
-        first = self._first_message(request_iterator, context)
+    async def _stream(self, context: grpc.aio.ServicerContext) -> None:
+        first = await self._first_message(context)
         if first is None:
             return
         handshake = first.handshake
         refusal = self.decoder.check_handshake(handshake)
         if refusal:
-            self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, refusal)
+            await self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, refusal)
         evaluating = handshake.mode == pb.EVAL
         if evaluating and self.run.eval_rounds is None:
-            self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, "this learner runs no evaluation")
-        if not self.run.actors.join(handshake.actor_id, handshake.mode):
-            self._reject(context, grpc.StatusCode.ALREADY_EXISTS,
-                         f"actor id {handshake.actor_id!r} is already connected; give each actor its own --actor_id")
+            await self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, "this learner runs no evaluation")
+        idle_timeout_s = self.run.eval_idle_timeout_s if evaluating else self.run.idle_timeout_s
+        stream = self.run.actors.join(handshake.actor_id, handshake.mode, idle_timeout_s, asyncio.current_task())
+        if stream is None:
+            await self._reject(context, grpc.StatusCode.ALREADY_EXISTS,
+                               f"actor id {handshake.actor_id!r} is already connected; give each actor its own "
+                               "--actor_id")
         store = self.run.eval_store if evaluating else self.run.store
         slots = store.allocate(handshake.num_envs)
         if not evaluating:
             self.run.unroll_hook.actor_joined(slots)
         try:
-            yield pb.LearnerMessage(accepted=pb.HandshakeAccepted(
-                run_name=self.run.problem, policy_version=self.run.run.policy_version()))
-            yield from self._serve_steps(handshake, slots, evaluating, request_iterator, context)
+            await context.write(pb.LearnerMessage(accepted=pb.HandshakeAccepted(
+                run_name=self.run.problem, policy_version=self.run.run.policy_version())))
+            await self._serve_steps(stream, handshake.num_envs, slots, context)
         finally:
             if not evaluating:
                 self.run.unroll_hook.actor_left(slots)
             else:
                 self.run.eval_rounds.disconnect(handshake.actor_id)
             store.release(slots)
-            self._idle_streams.disarm((handshake.actor_id, context))
             self.run.actors.leave(handshake.actor_id)
 
-    def _serve_steps(self, handshake: pb.Handshake, slots: np.ndarray, evaluating: bool,
-                     request_iterator: Iterator[pb.ActorMessage], context: grpc.ServicerContext):
-        actor = handshake.actor_id
-        idle_timeout_s = self.run.eval_idle_timeout_s if evaluating else self.run.idle_timeout_s
-        stream = (actor, context)  # disarmed when the stream ends (see Stream)
+    async def _serve_steps(self, stream: ActorStream, num_envs: int, slots: np.ndarray,
+                           context: grpc.aio.ServicerContext) -> None:
+        actor, evaluating, clock = stream.actor, stream.mode == pb.EVAL, self.run.actors.clock
         while True:
-            self._idle_streams.arm(stream, idle_timeout_s)  # the actor is stepping its envs
+            stream.answered(clock())  # the actor is stepping its envs: the idle watchdog counts from here
             try:
-                message = next(request_iterator, None)
-            except grpc.RpcError:  # cancelled: the client went away, or it was silent too long
+                message = await context.read()
+            except asyncio.CancelledError:  # the client went away, or the watchdog found it silent too long
+                if stream.expired:
+                    await self._reject(context, grpc.StatusCode.CANCELLED,
+                                       f"actor {actor!r} sent no step for {stream.idle_timeout_s:g} s after its last "
+                                       "answer (the learner's --stream_idle_timeout_s)")
+                raise
+            if message is grpc.aio.EOF or self.run.run.is_finished():
                 break
-            self._idle_streams.disarm(stream)
-            if message is None or self.run.run.is_finished():
-                break
-            self.run.actors.stepped(actor)
+            stream.stepped(clock())
             kind = self._kind(message)
             if kind != "step":
-                self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: " + (
+                await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: " + (
                     "handshake repeated: a stream has exactly one handshake, as its first message"
                     if kind == "handshake" else kind))
             try:
-                request, episodes = self.decoder.decode_step(message.step, slots, handshake.num_envs)
+                request, episodes = self.decoder.decode_step(message.step, slots, num_envs)
                 if evaluating:
-                    future = self._submit_eval(actor, request, episodes)
+                    future = await self._submit_eval(actor, request, episodes)
                 else:
                     new = self.run.step_ledger.take(int(request.run_ids[0]), message.step.sequence)
                     future = self._submit(request, episodes if new else [])
             except WireError as e:
-                self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: {e}")
+                await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: {e}")
             start = time.monotonic()
             try:
-                actions = future.result()
+                actions = await future
             except BatcherStopped:
                 break
             except Exception as e:  # its step failed inference on its own (see InferenceBatcher)
                 log.error("actor %r: inference failed on its step, ending its stream: %r", actor, e)
-                self._reject(context, grpc.StatusCode.INVALID_ARGUMENT,
-                             f"actor {actor!r}: the learner's inference failed on this step: {type(e).__name__}: {e}")
+                await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: the learner's "
+                                   f"inference failed on this step: {type(e).__name__}: {e}")
             self.run.scalars.add("inference/latency_ms", 1000 * (time.monotonic() - start))
-            yield pb.LearnerMessage(actions=pb.Actions(actions=encode_all(actions),
-                                                       policy_version=self.run.run.policy_version()))
+            await context.write(pb.LearnerMessage(actions=pb.Actions(actions=encode_all(actions),
+                                                                     policy_version=self.run.run.policy_version())))
         if self.run.run.is_finished():
             reason = self.run.run.finished_reason()
             if reason.startswith("error:"):  # a failure, not the run's end: a restarted learner resumes it
-                context.abort(grpc.StatusCode.UNAVAILABLE, f"the learner failed ({reason}); reconnect to its restart")
-            yield pb.LearnerMessage(finished=pb.RunFinished(reason=reason))
+                await context.abort(grpc.StatusCode.UNAVAILABLE,
+                                    f"the learner failed ({reason}); reconnect to its restart")
+            await context.write(pb.LearnerMessage(finished=pb.RunFinished(reason=reason)))
 
-    def _first_message(self, request_iterator: Iterator[pb.ActorMessage],
-                       context: grpc.ServicerContext) -> pb.ActorMessage | None:
+    async def _first_message(self, context: grpc.aio.ServicerContext) -> pb.ActorMessage | None:
         """The handshake, read within the handshake timeout: a connection that never says
-        who it is must not hold a worker thread."""
+        who it is must not hold a stream slot."""
         timeout = self.run.handshake_timeout_s
-        read = self._handshake_reader.submit(next, request_iterator, None)
         try:
-            first = read.result(timeout=timeout)
-        except futures.TimeoutError:
-            self._reject(context, grpc.StatusCode.DEADLINE_EXCEEDED,
-                         f"no handshake within {timeout:g} s of opening the stream (the learner's "
-                         "--handshake_timeout_s): send the Handshake as the stream's first message")
-        except (grpc.RpcError, futures.CancelledError):  # the client went away
-            return None
-        if first is None:
+            first = await asyncio.wait_for(context.read(), timeout)
+        except asyncio.TimeoutError:
+            await self._reject(context, grpc.StatusCode.DEADLINE_EXCEEDED,
+                               f"no handshake within {timeout:g} s of opening the stream (the learner's "
+                               "--handshake_timeout_s): send the Handshake as the stream's first message")
+        if first is grpc.aio.EOF:
             return None
         kind = self._kind(first)
         if kind != "handshake":
-            self._reject(context, grpc.StatusCode.INVALID_ARGUMENT,
-                         "the first message of a stream must be a handshake, got a step" if kind == "step" else kind)
+            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT,
+                               "the first message of a stream must be a handshake, got a step" if kind == "step"
+                               else kind)
         return first
 
     @staticmethod
@@ -223,7 +223,7 @@ class LearnerService(pb_grpc.LearnerServicer):
             return message.reason
         return message.WhichOneof("kind") or "an empty ActorMessage: set its handshake or its step"
 
-    def _submit(self, request: StepRequest, episodes: list[Episode]):
+    def _submit(self, request: StepRequest, episodes: list[Episode]) -> asyncio.Future:
         """Training episodes go to their group's summaries (see `episode_tag`); the "train"
         ones also to the recent-return window. A resent step comes with none (see StepLedger)."""
         for episode in episodes:
@@ -235,8 +235,16 @@ class LearnerService(pb_grpc.LearnerServicer):
         self.run.episodes.extend(e.metrics for e in episodes if e.group == TRAIN)
         return self.run.batcher.submit(request)
 
-    def _submit_eval(self, actor_id: str, request: StepRequest, episodes: list[Episode]):
+    async def _submit_eval(self, actor_id: str, request: StepRequest, episodes: list[Episode]) -> asyncio.Future:
         """Eval episodes go to their round, not to train/; actions come from the round's snapshot."""
+        if episodes:  # a round's end writes its results: off the loop
+            await asyncio.to_thread(self._record_eval_episodes, actor_id, episodes)
+        snapshot = self.run.eval_rounds.agent_for(actor_id)
+        if snapshot is None:
+            raise WireError("an eval step before any eval work: call GetEvalWork first")
+        return self.run.eval_batcher.submit(EvalRequest(request, snapshot[0]))
+
+    def _record_eval_episodes(self, actor_id: str, episodes: list[Episode]) -> None:
         for episode in episodes:
             if episode.eval_episode is None:
                 raise WireError(f"finished_episodes: env {episode.env} of an eval actor gives no eval_episode")
@@ -247,16 +255,12 @@ class LearnerService(pb_grpc.LearnerServicer):
                 raise WireError(f"finished_episodes: {e}") from None
             if result is not None and self.run.eval_results is not None:
                 self.run.eval_results(result)
-        snapshot = self.run.eval_rounds.agent_for(actor_id)
-        if snapshot is None:
-            raise WireError("an eval step before any eval work: call GetEvalWork first")
-        return self.run.eval_batcher.submit(EvalRequest(request, snapshot[0]))
 
-    def _reject(self, context: grpc.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+    async def _reject(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
         """Ends the call with `code`. gRPC's abort raises; should a context ever return from
         it, this raises all the same, so that no caller goes on past a rejection."""
         self.count_rejection()
-        context.abort(code, message)
+        await context.abort(code, message)
         raise RuntimeError(f"context.abort({code.name}) returned: {message}")
 
 

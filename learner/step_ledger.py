@@ -8,6 +8,10 @@ by the step's first run id (random per env and actor process, so one group's key
 other's), and says whether a step is new. The server counts a step's finished episodes
 only when it is; the step is answered either way.
 
+The ledger is the serving loop's: `take` runs there only, with no lock. A checkpoint
+reads it from another thread through `state`, a copy made in one C call, which the GIL
+does not interrupt.
+
 Memory is bounded: the least recently stepped groups are forgotten past `max_groups`.
 A live group steps every few milliseconds, so only the groups of actors that are gone
 fall off.
@@ -21,7 +25,6 @@ checkpoint was written.
 from __future__ import annotations
 
 import collections
-import threading
 
 
 class StepLedger:
@@ -29,7 +32,6 @@ class StepLedger:
         if max_groups < 1:
             raise ValueError(f"max_groups is {max_groups}; it must be at least 1")
         self.max_groups = max_groups
-        self._lock = threading.Lock()
         self._last: collections.OrderedDict[int, int] = collections.OrderedDict()
         self.resent = 0  # steps that were not new
 
@@ -38,25 +40,24 @@ class StepLedger:
         number already taken in, which is a resent step. Sequence 0 (unnumbered) is always new."""
         if sequence == 0:
             return True
-        with self._lock:
-            last = self._last.get(group, 0)
-            if group in self._last:
-                self._last.move_to_end(group)
-            if sequence <= last:
-                self.resent += 1
-                return False
-            self._last[group] = sequence
-            if len(self._last) > self.max_groups:
-                self._last.popitem(last=False)
-            return True
+        last = self._last.get(group, 0)
+        if group in self._last:
+            self._last.move_to_end(group)
+        if sequence <= last:
+            self.resent += 1
+            return False
+        self._last[group] = sequence
+        if len(self._last) > self.max_groups:
+            self._last.popitem(last=False)
+        return True
 
     def state(self) -> list[list[int]]:
         """[group, highest sequence] pairs, least recently stepped first: plain ints, for a checkpoint."""
-        with self._lock:
-            return [[group, sequence] for group, sequence in self._last.items()]
+        return [[group, sequence] for group, sequence in list(self._last.items())]
 
     def restore(self, state: list[list[int]]) -> None:
-        with self._lock:
-            self._last = collections.OrderedDict((int(group), int(sequence)) for group, sequence in state)
-            while len(self._last) > self.max_groups:
-                self._last.popitem(last=False)
+        """Before serving (a resume)."""
+        last = collections.OrderedDict((int(group), int(sequence)) for group, sequence in state)
+        while len(last) > self.max_groups:
+            last.popitem(last=False)
+        self._last = last

@@ -51,8 +51,7 @@ def recorded_unrolls(tmp_path, env_groups: int, steps_per_env: int) -> dict:
                                     unroll_length=T, seed=1), problem=problem)
     unrolls = []
     learner.inference.emit_unroll = lambda unroll: unrolls.append(unroll) or True
-    learner.server.start()
-    learner.batcher.start()
+    learner.server.start()  # and its batchers
     try:
         actor = Actor(ActorConfig(learner_address=learner.address, problem="cartpole_lstm", num_envs=5,
                                   env_groups=env_groups, seed=3), problem)
@@ -60,7 +59,6 @@ def recorded_unrolls(tmp_path, env_groups: int, steps_per_env: int) -> dict:
         assert actor.steps_sent == steps_per_env * env_groups
     finally:
         learner.finish("test over")
-        learner.batcher.stop()
         learner.server.stop(0).wait()
     return {(u.slot, u.index): u for u in unrolls}
 

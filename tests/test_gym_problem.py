@@ -76,14 +76,12 @@ def test_an_image_env_is_served_end_to_end_with_the_conv_agent(tmp_path):
     assert isinstance(problem.make_agent(), ConvLSTMAgent)
     learner = Learner(LearnerConfig(problem="gym", bind="127.0.0.1:0", logdir=str(tmp_path), unroll_length=4,
                                     unroll_queue_size=1000), problem=problem)
-    learner.server.start()
-    learner.batcher.start()
+    learner.server.start()  # and its batchers
     try:
         Actor(ActorConfig(learner_address=learner.address, problem="gym", num_envs=3), problem).run(max_steps=9)
         batch = learner.unrolls.get_batch(learner.unrolls.qsize())
     finally:
         learner.finish("test over")
-        learner.batcher.stop()
         learner.server.stop(0).wait()
     assert batch.batch_size == 3 * 2 and batch.observation["observation"].shape == (5, 6, 12, 16, 3)
     with torch.no_grad():

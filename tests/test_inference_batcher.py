@@ -1,11 +1,44 @@
-"""Dynamic batching: flush at the size limit, flush on the timeout, and errors reach the callers."""
+"""Dynamic batching: flush at the size limit, flush on the timeout, and errors reach the callers.
 
-import queue
+The batcher lives on an event loop (the server's); here a loop runs on a thread of its own,
+and the tests submit to it from their thread, in order, as streams on the loop would.
+"""
+
+import asyncio
 import threading
 
 import pytest
 
 from fleetrl.learner.inference_batcher import BatcherStopped, InferenceBatcher
+
+
+@pytest.fixture
+def loop():
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    yield loop
+    loop.call_soon_threadsafe(loop.stop)
+    thread.join(timeout=10)
+
+
+class Batcher(InferenceBatcher):
+    """An InferenceBatcher on `loop`, submitted to from this thread: each submit is a future
+    of the request's result, for the thread."""
+
+    def __init__(self, loop, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.loop = loop
+        asyncio.run_coroutine_threadsafe(self._start(), loop).result()
+
+    async def _start(self):
+        self.start(asyncio.get_running_loop())
+
+    def submit(self, request):
+        async def answer():
+            return await super(Batcher, self).submit(request)
+
+        return asyncio.run_coroutine_threadsafe(answer(), self.loop)
 
 
 class Recorder:
@@ -20,11 +53,10 @@ class Recorder:
         return [r * 10 for r in requests]
 
 
-def test_requests_arriving_together_share_one_forward_pass():
+def test_requests_arriving_together_share_one_forward_pass(loop):
     handler = Recorder()
     handler.release.clear()  # hold the first batch so that the others queue up behind it
-    batcher = InferenceBatcher(handler, size_of=lambda r: 4, max_batch_size=8, timeout_s=60.0)
-    batcher.start()
+    batcher = Batcher(loop, handler, size_of=lambda r: 4, max_batch_size=8, timeout_s=60.0)
     try:
         futures = [batcher.submit(i) for i in range(6)]
         handler.release.set()
@@ -35,10 +67,9 @@ def test_requests_arriving_together_share_one_forward_pass():
         batcher.stop()
 
 
-def test_a_lone_request_is_served_after_the_timeout():
+def test_a_lone_request_is_served_after_the_timeout(loop):
     handler = Recorder()
-    batcher = InferenceBatcher(handler, size_of=lambda r: 1, max_batch_size=1000, timeout_s=0.01)
-    batcher.start()
+    batcher = Batcher(loop, handler, size_of=lambda r: 1, max_batch_size=1000, timeout_s=0.01)
     try:
         assert batcher.submit(3).result(timeout=30) == 30
         assert handler.batches == [[3]]
@@ -46,7 +77,7 @@ def test_a_lone_request_is_served_after_the_timeout():
         batcher.stop()
 
 
-def test_a_failing_batch_fails_only_the_request_that_fails_alone_and_the_batcher_survives():
+def test_a_failing_batch_fails_only_the_request_that_fails_alone_and_the_batcher_survives(loop):
     calls = []
     release = threading.Event()
 
@@ -57,8 +88,7 @@ def test_a_failing_batch_fails_only_the_request_that_fails_alone_and_the_batcher
             raise ValueError("bad request 2")
         return [r * 10 for r in requests]
 
-    batcher = InferenceBatcher(handler, size_of=lambda r: 1, max_batch_size=3, timeout_s=60.0)
-    batcher.start()
+    batcher = Batcher(loop, handler, size_of=lambda r: 1, max_batch_size=3, timeout_s=60.0)
     try:
         futures = [batcher.submit(i) for i in (1, 2, 3)]
         release.set()  # the three are queued: they make one batch of the size limit
@@ -72,9 +102,10 @@ def test_a_failing_batch_fails_only_the_request_that_fails_alone_and_the_batcher
         batcher.stop()
 
 
-def test_a_base_exception_reaches_every_request_of_its_batch():
+def test_a_base_exception_reaches_every_request_of_its_batch(loop):
     """Not retried one by one (a KeyboardInterrupt belongs to the batch, not to a request),
-    and the batching thread goes on."""
+    handed to each as a RuntimeError (raised on the loop, it would stop the loop), and the
+    batcher goes on."""
     release = threading.Event()
     raised = []
 
@@ -85,25 +116,24 @@ def test_a_base_exception_reaches_every_request_of_its_batch():
             raise KeyboardInterrupt
         return requests
 
-    batcher = InferenceBatcher(handler, size_of=lambda r: 1, max_batch_size=2, timeout_s=60.0)
-    batcher.start()
+    batcher = Batcher(loop, handler, size_of=lambda r: 1, max_batch_size=2, timeout_s=60.0)
     try:
         futures = [batcher.submit(i) for i in (1, 2)]
         release.set()
         for future in futures:
-            with pytest.raises(KeyboardInterrupt):
+            with pytest.raises(RuntimeError, match="ended by KeyboardInterrupt") as info:
                 future.result(timeout=30)
+            assert isinstance(info.value.__cause__, KeyboardInterrupt)
         batcher.timeout_s = 0.0
         assert batcher.submit(7).result(timeout=30) == 7
     finally:
         batcher.stop()
 
 
-def test_stopping_fails_waiting_requests():
+def test_stopping_fails_waiting_requests(loop):
     handler = Recorder()
     handler.release.clear()
-    batcher = InferenceBatcher(handler, size_of=lambda r: 1, max_batch_size=1, timeout_s=0.0)
-    batcher.start()
+    batcher = Batcher(loop, handler, size_of=lambda r: 1, max_batch_size=1, timeout_s=0.0)
     blocked = batcher.submit(1)
     waiting = batcher.submit(2)
     threading.Timer(0.2, handler.release.set).start()
@@ -115,14 +145,13 @@ def test_stopping_fails_waiting_requests():
         batcher.submit(3).result(timeout=1)
 
 
-def test_the_connected_envs_are_read_at_each_batch():
+def test_the_connected_envs_are_read_at_each_batch(loop):
     """A batch that holds every connected env flushes at once, far below its size limit and
     its 60 s timeout; the count changes as actors come and go, and each batch reads it anew."""
     handler = Recorder()
     connected = 1
-    batcher = InferenceBatcher(handler, size_of=lambda r: 1, max_batch_size=1000, timeout_s=60.0,
+    batcher = Batcher(loop, handler, size_of=lambda r: 1, max_batch_size=1000, timeout_s=60.0,
                                connected_envs=lambda: connected)
-    batcher.start()
     try:
         assert batcher.submit(1).result(timeout=30) == 10
         connected = 2  # now a lone request waits for the other env's
@@ -133,35 +162,29 @@ def test_the_connected_envs_are_read_at_each_batch():
         batcher.stop()
 
 
-def test_a_request_submitted_while_the_batcher_stops_is_answered():
-    """submit() racing stop(): its request must be drained by stop() or refused, never left
-    in the queue after the drain with a stream thread waiting on it forever."""
-    batcher = InferenceBatcher(Recorder(), size_of=lambda r: 1, max_batch_size=1, timeout_s=0.0)
-    batcher.start()
-    stopped = threading.Event()
-
-    class StopWhilePutting(queue.SimpleQueue):
-        def put(self, item):  # stop() runs between submit()'s check and its put
-            threading.Thread(target=lambda: (batcher.stop(), stopped.set())).start()
-            stopped.wait(timeout=1.0)  # with the race closed, stop() waits for this submit instead
-            super().put(item)
-
-    batcher._queue = StopWhilePutting()
-    future = batcher.submit(1)
-    assert stopped.wait(timeout=30)
-    # Answered by the batching thread or refused by the drain: nothing is left waiting.
-    assert future.done()
-    assert future.exception() is None or isinstance(future.exception(), BatcherStopped)
+def test_a_batch_waits_for_the_thread_and_takes_what_queued_meanwhile(loop):
+    """While one batch is on the inference thread the loop takes more requests; the next
+    batch holds all that queued, up to the size limit, and the rest go in the batch after."""
+    handler = Recorder()
+    handler.release.clear()
+    batcher = Batcher(loop, handler, size_of=lambda r: 1, max_batch_size=3, timeout_s=0.0)
+    try:
+        futures = [batcher.submit(i) for i in range(6)]
+        asyncio.run_coroutine_threadsafe(asyncio.sleep(0), loop).result(timeout=30)  # all six submitted
+        handler.release.set()
+        assert [f.result(timeout=30) for f in futures] == [0, 10, 20, 30, 40, 50]
+        assert handler.batches == [[0], [1, 2, 3], [4, 5]]
+    finally:
+        batcher.stop()
 
 
-def test_a_batch_with_a_request_from_every_stream_flushes_before_the_timeout():
+def test_a_batch_with_a_request_from_every_stream_flushes_before_the_timeout(loop):
     """Each stream has at most one step waiting, so once every stream's is in, nothing more
     can come: the batch goes at once, far below its size limit and its 60 s timeout."""
     handler = Recorder()
     streams = 2
-    batcher = InferenceBatcher(handler, size_of=lambda r: 1, max_batch_size=1000, timeout_s=60.0,
+    batcher = Batcher(loop, handler, size_of=lambda r: 1, max_batch_size=1000, timeout_s=60.0,
                                max_requests=lambda: streams)
-    batcher.start()
     try:
         futures = [batcher.submit(i) for i in range(2)]
         assert [f.result(timeout=30) for f in futures] == [0, 10]

@@ -30,8 +30,7 @@ def serving_learner(tmp_path):
     def start(problem: str, bind: str, **hparams: str):
         learner = Learner(LearnerConfig(problem=problem, bind=bind, logdir=str(tmp_path), unroll_length=T,
                                         unroll_queue_size=10_000, hparams={"max_episode_steps": "15", **hparams}))
-        learner.server.start()
-        learner.batcher.start()
+        learner.server.start()  # and its batchers
         started.append(learner)
         return learner
 
@@ -39,7 +38,6 @@ def serving_learner(tmp_path):
     yield start
     for learner in started:
         learner.finish("test over")
-        learner.batcher.stop()
         learner.server.stop(0).wait()
 
 
@@ -133,15 +131,13 @@ def test_a_users_own_per_step_field_reaches_the_batch_by_name(tmp_path):
     problem = CostedCartPole(CartPoleProblem.Config(max_episode_steps=15))
     learner = Learner(LearnerConfig(bind="127.0.0.1:0", logdir=str(tmp_path), unroll_length=T,
                                     unroll_queue_size=10_000), problem=problem)
-    learner.server.start()
-    learner.batcher.start()
+    learner.server.start()  # and its batchers
     try:
         actor = Actor(ActorConfig(learner_address=learner.address, problem="cartpole", num_envs=3), problem)
         actor.run(max_steps=2 * T + 1)
         batch = learner.unrolls.get_batch(learner.unrolls.qsize())
     finally:
         learner.finish("test over")
-        learner.batcher.stop()
         learner.server.stop(0).wait()
     cost = batch.extras["cost"]
     assert cost.shape == batch.reward.shape and cost.dtype == torch.float32
