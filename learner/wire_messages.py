@@ -82,15 +82,15 @@ class WireDecoder:
         for field in ("run_ids", "rewards", "terminated", "truncated"):
             if len(getattr(step, field)) != count:
                 raise WireError(f"{field} has {len(getattr(step, field))} entries for {count} env_indices")
-        indices = np.asarray(step.env_indices, np.int64)
+        indices = np.array(step.env_indices[:], np.int64)  # a slice is a list: 3x faster than the container
         if indices.max() >= num_envs:
             raise WireError(f"env index {int(indices.max())} is unknown: the handshake declared {num_envs} envs")
         if count > 1 and np.bincount(indices).max() > 1:  # indices are below num_envs here
             raise WireError("env_indices repeats an env")
-        run_ids = np.asarray(step.run_ids, np.uint64)
+        run_ids = np.array(step.run_ids[:], np.uint64)
         if (run_ids == 0).any():
             raise WireError("run_ids: 0 is reserved, use a random nonzero id per env")
-        rewards = np.asarray(step.rewards, np.float32)
+        rewards = np.array(step.rewards[:], np.float32)
         if not np.isfinite(rewards).all():
             bad = int(indices[~np.isfinite(rewards)][0])
             raise WireError(f"rewards: env {bad} has a NaN or infinite reward")
@@ -98,7 +98,7 @@ class WireDecoder:
             slots=slots[indices], run_ids=run_ids,
             observation=decode_all(step.observations, self.run.observation_specs, count, "observation", indices),
             extras=decode_all(step.extras, self.run.extra_specs, count, "extra", indices),
-            reward=rewards, terminated=np.asarray(step.terminated, bool), truncated=np.asarray(step.truncated, bool),
+            reward=rewards, terminated=np.array(step.terminated[:], bool), truncated=np.array(step.truncated[:], bool),
         )
         return request, [self.decode_episode(e, num_envs) for e in step.finished_episodes]
 
