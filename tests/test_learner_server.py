@@ -1,9 +1,17 @@
 """The learner's gRPC service: handshakes, actions, and clear rejections that spare other actors."""
 
+import concurrent.futures
+import threading
+import time
+
 import grpc
 import numpy as np
 import pytest
 
+from fleetrl.agents import MLPAgent
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.learner import Learner
+from fleetrl.problems.cartpole import CartPoleProblem
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto.tensors import decode
 
@@ -151,3 +159,55 @@ def test_bad_chunk_results_are_rejected_by_name(serve, raw_actor, rejection, wir
 def test_unchunked_problems_refuse_chunk_results(learner, rejection, wire):
     code, details = rejection(learner, wire.handshake(), chunked_step(wire, np.ones((2, 3), np.float32)))
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "is not in the handshake spec (expected [])" in details
+
+
+HOLD = 1e6  # an observation value that makes HeldAgent wait for the test's release
+
+
+class HeldAgent(MLPAgent):
+    """CartPole's MLP, except that a step with an observation of HOLD waits in its forward
+    pass until the test releases it: a forward pass as long as a VLM's generation."""
+
+    held = threading.Event()
+    release = threading.Event()
+
+    def torso(self, observation):
+        if bool((observation["observation"] == HOLD).any()):
+            HeldAgent.held.set()
+            assert HeldAgent.release.wait(timeout=60)
+        return super().torso(observation)
+
+
+class HeldCartPole(CartPoleProblem):
+    def make_agent(self):
+        (spec,) = self.observation_specs()
+        return HeldAgent(spec.shape[0], self.policy_logits_size(), self.config.hidden_sizes, shared_torso=False)
+
+
+def test_the_server_keeps_answering_while_a_forward_pass_runs(tmp_path, raw_actor, wire):
+    """The forward pass runs off the server's event loop: while one is held, the loop still
+    answers side calls and takes new actors in, and the held step is answered once it ends."""
+    learner = Learner(LearnerConfig(bind="127.0.0.1:0", logdir=str(tmp_path), inference_timeout_ms=1),
+                      problem=HeldCartPole())
+    runner = threading.Thread(target=learner.run, daemon=True)
+    runner.start()
+    HeldAgent.held.clear()
+    HeldAgent.release.clear()
+    try:
+        held = raw_actor(learner.address)
+        assert held.send(wire.handshake(actor_id="held", num_envs=1)).WhichOneof("kind") == "accepted"
+        observation = np.full((1, 4), HOLD, np.float32)
+        answer = concurrent.futures.ThreadPoolExecutor(1).submit(held.send, wire.cartpole_step(1, obs=observation))
+        assert HeldAgent.held.wait(timeout=30) and not answer.done()
+        other = raw_actor(learner.address)
+        started = time.monotonic()
+        assert other.stub.GetStatus(pb.StatusRequest(), timeout=5).connected_actors == 1
+        assert other.send(wire.handshake(actor_id="other", num_envs=1)).WhichOneof("kind") == "accepted"
+        assert other.stub.GetRunInfo(pb.RunInfoRequest(), timeout=5).problem == "cartpole"
+        assert time.monotonic() - started < 5 and not answer.done()
+        HeldAgent.release.set()
+        assert answer.result(timeout=30).WhichOneof("kind") == "actions"
+    finally:
+        HeldAgent.release.set()
+        learner.finish("test over")
+        runner.join(timeout=30)
