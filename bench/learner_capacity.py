@@ -7,9 +7,11 @@ For each Problem, streams x envs per stream, and training off and on, one cell:
 - a learner (`launch.learner`, its own process, the Problem's defaults, `--max_actors` and
   `--inference_batch_size` sized to the cell);
 - `--client_processes` client processes, which hold the streams between them, a thread
-  each. A stream handshakes as an actor does, then sends pre-encoded, valid Step messages
-  (real observations of the Problem's env, episodes ending every `--episode_length`
-  steps) and waits for each answer. Clients do no env work, so what is measured is the
+  each (`--client=sync`, as actors do), or all on one event loop (`--client=aio`, cheaper
+  per message, so more of a small machine's cores go to the learner). A stream
+  handshakes as an actor does, then sends pre-encoded, valid Step messages (real
+  observations of the Problem's env, episodes ending every `--episode_length` steps) and
+  waits for each answer. Clients do no env work, so what is measured is the
   learner.
 
 Printed per cell: env steps/s served, messages/s, the mean inference batch (and its share
@@ -20,6 +22,7 @@ runs the learner with `--notrain`: unrolls are assembled and dropped.
 
 from __future__ import annotations
 
+import asyncio
 import multiprocessing
 import os
 import queue
@@ -56,6 +59,9 @@ def define_flags() -> None:
     flags.DEFINE_float("measure_s", 8.0, "Seconds measured per cell.")
     flags.DEFINE_integer("episode_length", 50, "Steps between an env's episode ends.")
     flags.DEFINE_list("learner_flags", [], "More flags for the learner, as name=value.")
+    flags.DEFINE_enum("client", "sync", ["sync", "aio"], "The clients' gRPC: sync (a thread per stream, as an "
+                      "actor) or aio (every stream of a client process on one event loop: cheaper per message, so "
+                      "more of two cores is left to the learner).")
 
 
 # ----- the synthetic streams -----
@@ -129,9 +135,48 @@ def run_stream(address: str, actor_id: str, handshake: pb.ActorMessage, messages
     results.append((messages_sent, rtts))
 
 
+async def run_aio_streams(address: str, index: int, streams: int, handshake: pb.ActorMessage, messages: list[bytes],
+                          start_at: float, stop_at: float) -> list:
+    """`run_stream`'s work for all of a process's streams, on one event loop and one channel."""
+    channel = grpc.aio.insecure_channel(address, options=[("grpc.max_send_message_length", 256 << 20),
+                                                          ("grpc.max_receive_message_length", 256 << 20)])
+    call_stream = channel.stream_stream("/fleetrl.Learner/Stream", request_serializer=lambda b: b,
+                                        response_deserializer=pb.LearnerMessage.FromString)
+
+    async def one(i: int) -> tuple[int, list[float]]:
+        call = call_stream()
+        hello = pb.ActorMessage()
+        hello.CopyFrom(handshake)
+        hello.handshake.actor_id = f"bench-{index}-{i}"
+        await call.write(hello.SerializeToString())
+        await call.read()
+        rtts, sent_count, k = [], 0, 0
+        while time.monotonic() < stop_at:
+            sent = time.monotonic()
+            await call.write(messages[k % len(messages)])
+            answer = await call.read()
+            if answer is grpc.aio.EOF or answer.WhichOneof("kind") != "actions":
+                break
+            if sent >= start_at:
+                rtts.append(time.monotonic() - sent)
+                sent_count += 1
+            k += 1
+        await call.done_writing()
+        return sent_count, rtts
+
+    try:
+        return await asyncio.gather(*(one(i) for i in range(streams)))
+    finally:
+        await channel.close()
+
+
 def client(index: int, address: str, problem_name: str, streams: int, num_envs: int, episode_length: int,
-           start_at: float, stop_at: float, out: multiprocessing.Queue) -> None:
+           start_at: float, stop_at: float, out: multiprocessing.Queue, kind: str = "sync") -> None:
     handshake, messages = step_messages(problem_name, num_envs, episode_length)
+    if kind == "aio":
+        results = asyncio.run(run_aio_streams(address, index, streams, handshake, messages, start_at, stop_at))
+        out.put((sum(m for m, _ in results), [r for _, rtts in results for r in rtts]))
+        return
     results: list = []
     threads = [threading.Thread(target=run_stream, args=(address, f"bench-{index}-{i}", handshake, messages,
                                                          start_at, stop_at, results)) for i in range(streams)]
@@ -177,7 +222,8 @@ def cell(problem: str, streams: int, num_envs: int, training: bool) -> dict[str,
             out: multiprocessing.Queue = multiprocessing.get_context("spawn").Queue()
             clients = [multiprocessing.get_context("spawn").Process(
                 target=client, args=(i, address, problem, len(range(i, streams, processes)), num_envs,
-                                     FLAGS.episode_length, start_at, stop_at, out)) for i in range(processes)]
+                                     FLAGS.episode_length, start_at, stop_at, out, FLAGS.client))
+                       for i in range(processes)]
             for c in clients:
                 c.start()
             time.sleep(max(0.0, start_at - time.monotonic()))

@@ -50,7 +50,8 @@ class LearnerConfig:
                                              "short run still draws curves.")
     torch_threads: int = setting(1, "torch intra-op threads of each of the inference and training threads. 1 is "
                                     "fastest for small models on few cores.")
-    max_actors: int = setting(64, "Actor streams served at once (a coroutine each on the server's event loop; a stream beyond them is refused naming this flag).")
+    max_actors: int = setting(64, "Actor streams served at once (a coroutine each on the server's event loop); "
+                                  "a stream beyond them is refused, naming this flag.")
     max_envs_per_actor: int = setting(1024, "Largest num_envs an actor's handshake may ask for (each env holds a "
                                             "partial unroll).")
     max_message_mb: int = setting(64, "Largest message accepted, in MiB; a larger one is refused with "
@@ -98,8 +99,8 @@ class LearnerConfig:
                                                "DEADLINE_EXCEEDED.")
     stream_idle_timeout_s: float = setting(300.0, "A train stream that sends no step for this long after its "
                                                   "last answer is cancelled (and the learner logs why), freeing its "
-                                                  "--max_actors place; raise it for envs slower per step. Eval streams, "
-                                                  "which wait between rounds, get eval_interval_s more.")
+                                                  "--max_actors place; raise it for envs slower per step. Eval "
+                                                  "streams, which wait between rounds, get eval_interval_s more.")
 
     def __post_init__(self):
         if os.path.exists(self.logdir) and not os.path.isdir(self.logdir):
