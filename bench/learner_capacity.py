@@ -16,7 +16,8 @@ For each Problem, streams x envs per stream, and training off and on, one cell:
 
 Printed per cell: env steps/s served, messages/s, the mean inference batch (and its share
 of the connected envs), round-trip latency at p50 and p99, and the learner process's CPU
-time per message and per env step (from /proc, over the measured window). "Training off"
+time per message and per env step (from /proc, over the measured window), and the clients'
+CPU time per message (what an actor's gRPC costs it, without its envs). "Training off"
 runs the learner with `--notrain`: unrolls are assembled and dropped.
 """
 
@@ -170,21 +171,33 @@ async def run_aio_streams(address: str, index: int, streams: int, handshake: pb.
         await channel.close()
 
 
+def window_cpu(start_at: float, stop_at: float, out: list) -> None:
+    """This process's CPU seconds (all its threads) between `start_at` and `stop_at`."""
+    time.sleep(max(0.0, start_at - time.monotonic()))
+    started = time.process_time()
+    time.sleep(max(0.0, stop_at - time.monotonic()))
+    out.append(time.process_time() - started)
+
+
 def client(index: int, address: str, problem_name: str, streams: int, num_envs: int, episode_length: int,
            start_at: float, stop_at: float, out: multiprocessing.Queue, kind: str = "sync") -> None:
+    """Puts (messages answered, round trips, CPU seconds) of the measured window on `out`."""
     handshake, messages = step_messages(problem_name, num_envs, episode_length)
+    cpu: list[float] = []
+    meter = threading.Thread(target=window_cpu, args=(start_at, stop_at, cpu))
+    meter.start()
     if kind == "aio":
         results = asyncio.run(run_aio_streams(address, index, streams, handshake, messages, start_at, stop_at))
-        out.put((sum(m for m, _ in results), [r for _, rtts in results for r in rtts]))
-        return
-    results: list = []
-    threads = [threading.Thread(target=run_stream, args=(address, f"bench-{index}-{i}", handshake, messages,
-                                                         start_at, stop_at, results)) for i in range(streams)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    out.put((sum(m for m, _ in results), [r for _, rtts in results for r in rtts]))
+    else:
+        results = []
+        threads = [threading.Thread(target=run_stream, args=(address, f"bench-{index}-{i}", handshake, messages,
+                                                             start_at, stop_at, results)) for i in range(streams)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    meter.join()
+    out.put((sum(m for m, _ in results), [r for _, rtts in results for r in rtts], cpu[0]))
 
 
 # ----- the learner -----
@@ -240,8 +253,8 @@ def cell(problem: str, streams: int, num_envs: int, training: bool) -> dict[str,
             except subprocess.TimeoutExpired:
                 learner.kill()
     seconds = t1 - t0
-    messages = sum(m for m, _ in gathered)
-    rtts = np.array([r for _, rtt in gathered for r in rtt]) * 1000
+    messages = sum(m for m, _, _ in gathered)
+    rtts = np.array([r for _, rtt, _ in gathered for r in rtt]) * 1000
     env_steps = (steps1.env_steps - steps0.env_steps) / seconds
     cpu = cpu1 - cpu0
     return {"env_steps_per_s": env_steps, "messages_per_s": messages / seconds,
@@ -249,7 +262,8 @@ def cell(problem: str, streams: int, num_envs: int, training: bool) -> dict[str,
             "p50_ms": float(np.percentile(rtts, 50)) if len(rtts) else float("nan"),
             "p99_ms": float(np.percentile(rtts, 99)) if len(rtts) else float("nan"),
             "cpu_us_per_message": 1e6 * cpu / max(messages, 1),
-            "cpu_us_per_env_step": 1e6 * cpu / max(env_steps * seconds, 1)}
+            "cpu_us_per_env_step": 1e6 * cpu / max(env_steps * seconds, 1),
+            "client_cpu_us_per_message": 1e6 * sum(c for _, _, c in gathered) / max(messages, 1)}
 
 
 def main(argv: list[str]) -> None:
@@ -257,7 +271,8 @@ def main(argv: list[str]) -> None:
     print(f"learner capacity: {os.cpu_count()} CPUs, {FLAGS.client_processes} client processes, "
           f"{FLAGS.warmup_s:g}s warm-up, {FLAGS.measure_s:g}s measured per cell", flush=True)
     header = (f"{'problem':<20} {'train':>5} {'streams':>7} {'envs':>4} | {'env steps/s':>11} {'msgs/s':>8} "
-              f"{'batch':>6} {'fill':>5} | {'p50 ms':>7} {'p99 ms':>7} | {'CPU us/msg':>10} {'CPU us/step':>11}")
+              f"{'batch':>6} {'fill':>5} | {'p50 ms':>7} {'p99 ms':>7} | {'CPU us/msg':>10} {'CPU us/step':>11} | "
+              f"{'client us/msg':>13}")
     print(header)
     print("-" * len(header), flush=True)
     for problem in FLAGS.problems:
@@ -274,7 +289,8 @@ def main(argv: list[str]) -> None:
                     print(f"{problem:<20} {training:>5} {streams:>7} {num_envs:>4} | {r['env_steps_per_s']:>11,.0f} "
                           f"{r['messages_per_s']:>8,.0f} {r['batch']:>6.1f} {r['fill']:>5.0%} | "
                           f"{r['p50_ms']:>7.1f} {r['p99_ms']:>7.1f} | {r['cpu_us_per_message']:>10,.0f} "
-                          f"{r['cpu_us_per_env_step']:>11,.0f}", flush=True)
+                          f"{r['cpu_us_per_env_step']:>11,.0f} | {r['client_cpu_us_per_message']:>13,.0f}",
+                          flush=True)
 
 
 if __name__ == "__main__":
