@@ -55,6 +55,7 @@ class InferenceBatcher(Generic[Request]):
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: futures.ThreadPoolExecutor | None = None
         self._waiting: collections.deque[tuple[Request, asyncio.Future, int]] = collections.deque()
+        self._waiting_envs = 0  # their sizes' sum: a submit checks the open batch without walking the queue
         self._in_flight: futures.Future | None = None  # the batch on the thread
         self._opened: tuple[float, int, float] | None = None  # the open batch: (deadline, env limit, request limit)
         self._timer: asyncio.TimerHandle | None = None
@@ -71,7 +72,9 @@ class InferenceBatcher(Generic[Request]):
         if self._stopped:
             future.set_exception(BatcherStopped("the learner is shutting down"))
             return future
-        self._waiting.append((request, future, self._size_of(request)))
+        size = self._size_of(request)
+        self._waiting.append((request, future, size))
+        self._waiting_envs += size
         self._dispatch()
         return future
 
@@ -98,6 +101,7 @@ class InferenceBatcher(Generic[Request]):
             _, future, _ = self._waiting.popleft()
             if not future.done():
                 future.set_exception(BatcherStopped("the learner is shutting down"))
+        self._waiting_envs = 0
         return self._in_flight
 
     # ----- on the loop -----
@@ -111,16 +115,8 @@ class InferenceBatcher(Generic[Request]):
             max_requests = self._max_requests() if self._max_requests is not None else float("inf")
             self._opened = (time.monotonic() + self.timeout_s, limit, max_requests)
         deadline, limit, max_requests = self._opened
-        size = 0
-        taken = 0
-        for _, _, n in self._waiting:
-            size += n
-            taken += 1
-            if size >= limit or taken >= max_requests:
-                self._send(taken)
-                return
-        if time.monotonic() >= deadline:
-            self._send(taken)
+        if self._waiting_envs >= limit or len(self._waiting) >= max_requests or time.monotonic() >= deadline:
+            self._send(limit, max_requests)
         elif self._timer is None:
             self._timer = self._loop.call_at(self._loop.time() + deadline - time.monotonic(), self._on_deadline)
 
@@ -128,12 +124,17 @@ class InferenceBatcher(Generic[Request]):
         self._timer = None
         self._dispatch()
 
-    def _send(self, count: int) -> None:
+    def _send(self, limit: int, max_requests: float) -> None:
+        """Sends the waiting requests to the thread, in order, until the batch is full."""
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
         self._opened = None
-        batch = [self._waiting.popleft() for _ in range(count)]
+        batch, size = [], 0
+        while self._waiting and (not batch or (size < limit and len(batch) < max_requests)):
+            batch.append(self._waiting.popleft())
+            size += batch[-1][2]
+        self._waiting_envs -= size
         self._in_flight = self._thread.submit(self._serve, [request for request, _, _ in batch])
         # One wake-up of the loop per batch: its results are handed out there.
         self._in_flight.add_done_callback(lambda done: self._loop.call_soon_threadsafe(self._answer, batch, done))
