@@ -8,6 +8,11 @@ the actions. A message that does not match the protocol (see learner.proto), or 
 whose inference fails on its own, ends only that actor's stream, with a status naming the
 field; every other actor goes on being served.
 
+A refusal is raised as `StreamRejected` and turned into the call's status only by `Stream`,
+the outermost frame, once the stream has left `ConnectedActors` and freed its env slots and
+its place under --max_actors: a client that sees the status and reconnects at once with
+the same id must be admitted, not told its id is still connected.
+
 Nothing here blocks the loop for long: what may wait on a lock the trainer holds or on a
 disk (eval work, eval results, the run's status) runs on a worker thread. The counters
 and the per-stream records (`ConnectedActors`) are the loop's alone, so they take no lock.
@@ -36,6 +41,14 @@ from fleetrl.proto import learner_pb2_grpc as pb_grpc
 from fleetrl.proto.tensors import WireError, encode_all
 
 log = logging.getLogger(__name__)
+
+
+class StreamRejected(Exception):
+    """Ends a stream with `code` and `message`, once its records are released (see `Stream`)."""
+
+    def __init__(self, code: grpc.StatusCode, message: str):
+        super().__init__(message)
+        self.code, self.message = code, message
 
 
 class LearnerService(pb_grpc.LearnerServicer):
@@ -96,42 +109,51 @@ class LearnerService(pb_grpc.LearnerServicer):
             return pb.EvalWork(finished=True)
         mode = self.run.actors.mode_of(request.actor_id)
         if mode != pb.EVAL or self.run.eval_rounds is None:
-            await self._reject(context, grpc.StatusCode.FAILED_PRECONDITION,
-                               f"actor {request.actor_id!r} has no open eval stream: open one with mode EVAL first")
+            await self._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
+                              f"actor {request.actor_id!r} has no open eval stream: open one with mode EVAL first")
         # A new round copies the model under the policy lock, which a training update may hold.
         work = await asyncio.to_thread(self.run.eval_rounds.work, request.actor_id, max(1, request.max_episodes))
         return pb.EvalWork(round=work.round, policy_version=work.policy_version, episodes=work.episodes,
                            retry_after_s=work.retry_after_s)
 
     async def Stream(self, request_iterator, context: grpc.aio.ServicerContext) -> None:
+        try:
+            finished_reason = await self._admitted_stream(context)
+        except StreamRejected as rejected:  # every record of the stream is released by now
+            await self._abort(context, rejected.code, rejected.message)
+        if finished_reason is not None:
+            await context.write(pb.LearnerMessage(finished=pb.RunFinished(reason=finished_reason)))
+
+    async def _admitted_stream(self, context: grpc.aio.ServicerContext) -> str | None:
         if self._open_streams >= self.max_actors:
-            await self._reject(context, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                               f"the learner serves at most {self.max_actors} streams at once (its --max_actors), "
-                               "and that many are open: try again later, or start the learner with a larger "
-                               "--max_actors")
+            raise StreamRejected(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                 f"the learner serves at most {self.max_actors} streams at once (its --max_actors), "
+                                 "and that many are open: try again later, or start the learner with a larger "
+                                 "--max_actors")
         self._open_streams += 1
         try:
-            await self._stream(context)
+            return await self._stream(context)
         finally:
             self._open_streams -= 1
 
-    async def _stream(self, context: grpc.aio.ServicerContext) -> None:
+    async def _stream(self, context: grpc.aio.ServicerContext) -> str | None:
+        """Serves one stream; the run's finished reason when it ended the stream, else None."""
         first = await self._first_message(context)
         if first is None:
-            return
+            return None
         handshake = first.handshake
         refusal = self.decoder.check_handshake(handshake)
         if refusal:
-            await self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, refusal)
+            raise StreamRejected(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         evaluating = handshake.mode == pb.EVAL
         if evaluating and self.run.eval_rounds is None:
-            await self._reject(context, grpc.StatusCode.FAILED_PRECONDITION, "this learner runs no evaluation")
+            raise StreamRejected(grpc.StatusCode.FAILED_PRECONDITION, "this learner runs no evaluation")
         idle_timeout_s = self.run.eval_idle_timeout_s if evaluating else self.run.idle_timeout_s
         stream = self.run.actors.join(handshake.actor_id, handshake.mode, idle_timeout_s, asyncio.current_task())
         if stream is None:
-            await self._reject(context, grpc.StatusCode.ALREADY_EXISTS,
-                               f"actor id {handshake.actor_id!r} is already connected; give each actor its own "
-                               "--actor_id")
+            raise StreamRejected(grpc.StatusCode.ALREADY_EXISTS,
+                                 f"actor id {handshake.actor_id!r} is already connected; give each actor its own "
+                                 "--actor_id")
         store = self.run.eval_store if evaluating else self.run.store
         slots = store.allocate(handshake.num_envs)
         if not evaluating:
@@ -139,7 +161,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         try:
             await context.write(pb.LearnerMessage(accepted=pb.HandshakeAccepted(
                 run_name=self.run.problem, policy_version=self.run.run.policy_version())))
-            await self._serve_steps(stream, handshake.num_envs, slots, context)
+            return await self._serve_steps(stream, handshake.num_envs, slots, context)
         finally:
             if not evaluating:
                 self.run.unroll_hook.actor_left(slots)
@@ -149,7 +171,7 @@ class LearnerService(pb_grpc.LearnerServicer):
             self.run.actors.leave(handshake.actor_id)
 
     async def _serve_steps(self, stream: ActorStream, num_envs: int, slots: np.ndarray,
-                           context: grpc.aio.ServicerContext) -> None:
+                           context: grpc.aio.ServicerContext) -> str | None:
         actor, evaluating, clock = stream.actor, stream.mode == pb.EVAL, self.run.actors.clock
         while True:
             stream.answered(clock())  # the actor is stepping its envs: the idle watchdog counts from here
@@ -157,16 +179,16 @@ class LearnerService(pb_grpc.LearnerServicer):
                 message = await context.read()
             except asyncio.CancelledError:  # the client went away, or the watchdog found it silent too long
                 if stream.expired:
-                    await self._reject(context, grpc.StatusCode.CANCELLED,
-                                       f"actor {actor!r} sent no step for {stream.idle_timeout_s:g} s after its last "
-                                       "answer (the learner's --stream_idle_timeout_s)")
+                    raise StreamRejected(grpc.StatusCode.CANCELLED,
+                                         f"actor {actor!r} sent no step for {stream.idle_timeout_s:g} s after its "
+                                         "last answer (the learner's --stream_idle_timeout_s)") from None
                 raise
             if message is grpc.aio.EOF or self.run.run.is_finished():
                 break
             stream.stepped(clock())
             kind = self._kind(message)
             if kind != "step":
-                await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: " + (
+                raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: " + (
                     "handshake repeated: a stream has exactly one handshake, as its first message"
                     if kind == "handshake" else kind))
             try:
@@ -177,7 +199,7 @@ class LearnerService(pb_grpc.LearnerServicer):
                     new = self.run.step_ledger.take(int(request.run_ids[0]), message.step.sequence)
                     future = self._submit(request, episodes if new else [])
             except WireError as e:
-                await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: {e}")
+                raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: {e}") from None
             start = time.monotonic()
             try:
                 actions = await future
@@ -185,17 +207,18 @@ class LearnerService(pb_grpc.LearnerServicer):
                 break
             except Exception as e:  # its step failed inference on its own (see InferenceBatcher)
                 log.error("actor %r: inference failed on its step, ending its stream: %r", actor, e)
-                await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: the learner's "
-                                   f"inference failed on this step: {type(e).__name__}: {e}")
+                raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: the learner's "
+                                     f"inference failed on this step: {type(e).__name__}: {e}") from None
             self.run.scalars.add("inference/latency_ms", 1000 * (time.monotonic() - start))
             await context.write(pb.LearnerMessage(actions=pb.Actions(actions=encode_all(actions),
                                                                      policy_version=self.run.run.policy_version())))
-        if self.run.run.is_finished():
-            reason = self.run.run.finished_reason()
-            if reason.startswith("error:"):  # a failure, not the run's end: a restarted learner resumes it
-                await context.abort(grpc.StatusCode.UNAVAILABLE,
-                                    f"the learner failed ({reason}); reconnect to its restart")
-            await context.write(pb.LearnerMessage(finished=pb.RunFinished(reason=reason)))
+        if not self.run.run.is_finished():
+            return None
+        reason = self.run.run.finished_reason()
+        if reason.startswith("error:"):  # a failure, not the run's end: a restarted learner resumes it
+            raise StreamRejected(grpc.StatusCode.UNAVAILABLE,
+                                 f"the learner failed ({reason}); reconnect to its restart")
+        return reason
 
     async def _first_message(self, context: grpc.aio.ServicerContext) -> pb.ActorMessage | None:
         """The handshake, read within the handshake timeout: a connection that never says
@@ -204,16 +227,16 @@ class LearnerService(pb_grpc.LearnerServicer):
         try:
             first = await asyncio.wait_for(context.read(), timeout)
         except asyncio.TimeoutError:
-            await self._reject(context, grpc.StatusCode.DEADLINE_EXCEEDED,
-                               f"no handshake within {timeout:g} s of opening the stream (the learner's "
-                               "--handshake_timeout_s): send the Handshake as the stream's first message")
+            raise StreamRejected(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                 f"no handshake within {timeout:g} s of opening the stream (the learner's "
+                                 "--handshake_timeout_s): send the Handshake as the stream's first message") from None
         if first is grpc.aio.EOF:
             return None
         kind = self._kind(first)
         if kind != "handshake":
-            await self._reject(context, grpc.StatusCode.INVALID_ARGUMENT,
-                               "the first message of a stream must be a handshake, got a step" if kind == "step"
-                               else kind)
+            raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT,
+                                 "the first message of a stream must be a handshake, got a step" if kind == "step"
+                                 else kind)
         return first
 
     @staticmethod
@@ -256,9 +279,9 @@ class LearnerService(pb_grpc.LearnerServicer):
             if result is not None and self.run.eval_results is not None:
                 self.run.eval_results(result)
 
-    async def _reject(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
-        """Ends the call with `code`. gRPC's abort raises; should a context ever return from
-        it, this raises all the same, so that no caller goes on past a rejection."""
+    async def _abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
+        """Ends the call with `code`, counted as a rejection. gRPC's abort raises; should a
+        context ever return from it, this raises all the same, so that no caller goes on."""
         self.count_rejection()
         await context.abort(code, message)
         raise RuntimeError(f"context.abort({code.name}) returned: {message}")

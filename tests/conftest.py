@@ -7,6 +7,9 @@ real processes; no test module imports another.
 - `wire`: builders of protocol messages (a handshake, a CartPole step).
 - `unroll_batch(problem, agent)`: real unrolls through the learner's own inference step.
 - `local_run`: starts `launch.local` in its own process and checks nothing is left behind.
+- `eventually(condition, timeout_s, what)`: waits for another thread's or process's state.
+  A gRPC status or a stream's end reaches the client before the learner's thread has
+  necessarily updated everything, so a test reads learner state through this, never once.
 """
 
 from __future__ import annotations
@@ -40,6 +43,21 @@ from fleetrl.proto import learner_pb2_grpc as pb_grpc
 from fleetrl.proto.tensors import encode
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+def _eventually(condition, timeout_s: float, what: str, poll_s: float = 0.05):
+    """`condition()`'s first truthy value within `timeout_s`; fails naming `what` otherwise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if value := condition():
+            return value
+        assert time.monotonic() < deadline, f"timed out after {timeout_s:g} s waiting for {what}"
+        time.sleep(poll_s)
+
+
+@pytest.fixture
+def eventually():
+    return _eventually
 
 
 @pytest.fixture(autouse=True)

@@ -74,16 +74,6 @@ def status(address: str) -> pb.Status | None:
             return None
 
 
-def wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.slow
 def test_training_reaches_its_threshold_while_actors_are_killed_and_restarted(fleet, tmp_path):
     address = free_address()
@@ -117,23 +107,24 @@ def test_training_reaches_its_threshold_while_actors_are_killed_and_restarted(fl
 
 
 @pytest.mark.slow
-def test_actors_wait_for_a_restarted_learner_which_resumes_and_then_stops_cleanly_on_sigterm(fleet, tmp_path):
+def test_actors_wait_for_a_restarted_learner_which_resumes_and_then_stops_cleanly_on_sigterm(fleet, tmp_path,
+                                                                                              eventually):
     address = free_address()
     flags = ("--problem=cartpole", "--checkpoint_every_steps=20", "--summary_interval_s=1")
     learner = fleet.learner(address, *flags)
     actors = [fleet.actor(address, f"actor-{i}", "--max_reconnect_s=60") for i in range(2)]
-    wait_for(lambda: (s := status(address)) and s.trainer_steps >= 60, 120, "training to start")
+    eventually(lambda: (s := status(address)) and s.trainer_steps >= 60, 120, "training to start")
     learner.send_signal(signal.SIGKILL)
     learner.wait()
     time.sleep(2)  # the actors retry meanwhile
     assert all(actor.poll() is None for actor in actors)
 
     learner = fleet.learner(address, *flags)
-    resumed = wait_for(lambda: (s := status(address)) and s.connected_actors == 2 and s, 60,
+    resumed = eventually(lambda: (s := status(address)) and s.connected_actors == 2 and s, 60,
                        "the same actors to reconnect")
     assert resumed.trainer_steps >= 40  # from the checkpoint, not from 0
     first = resumed.env_steps
-    wait_for(lambda: (s := status(address)) and s.env_steps > first + 20000, 120, "training to continue")
+    eventually(lambda: (s := status(address)) and s.env_steps > first + 20000, 120, "training to continue")
     assert "resumed from" in fleet.log("learner")
     for i in range(2):
         assert "retrying in" in fleet.log(f"actor-{i}")  # each retry is logged

@@ -64,17 +64,9 @@ def rate(stub: pb_grpc.LearnerStub, seconds: float) -> float:
     return (env_steps(stub) - start) / (time.monotonic() - began)
 
 
-def wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if value := condition():
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 @pytest.mark.slow
-def test_a_flood_of_idle_clients_is_closed_on_time_while_an_actor_trains_and_leaves_nothing_behind(tmp_path, wire):
+def test_a_flood_of_idle_clients_is_closed_on_time_while_an_actor_trains_and_leaves_nothing_behind(tmp_path, wire,
+                                                                                                  eventually):
     logs = tmp_path / "logs"
     logs.mkdir()
 
@@ -91,14 +83,14 @@ def test_a_flood_of_idle_clients_is_closed_on_time_while_an_actor_trains_and_lea
     sockets: list[socket.socket] = []
     try:
         address_file = tmp_path / "run" / "learner_address"
-        wait_for(lambda: address_file.exists() or learner.poll() is not None, 60, "the learner")
+        eventually(lambda: address_file.exists() or learner.poll() is not None, 60, "the learner")
         address = address_file.read_text().strip()
         processes.append(start("actor", "fleetrl.launch.actor", f"--learner_address={address}", "--num_envs=16",
                                "--actor_id=real"))
         status_channel = grpc.insecure_channel(address)
         channels.append(status_channel)
         status = pb_grpc.LearnerStub(status_channel)
-        wait_for(lambda: env_steps(status) > 3000, 120, "the actor to train")
+        eventually(lambda: env_steps(status) > 3000, 120, "the actor to train")
         undisturbed = rate(status, 3)
         threads_before, rss_before = proc_status(learner.pid)
 
@@ -114,7 +106,7 @@ def test_a_flood_of_idle_clients_is_closed_on_time_while_an_actor_trains_and_lea
         during = rate(status, HANDSHAKE_TIMEOUT_S - 1)
 
         # Every stream ends on time, with the limit it broke named.
-        wait_for(lambda: all(s.ended for s in streams), 30, "every silent stream to be closed")
+        eventually(lambda: all(s.ended for s in streams), 30, "every silent stream to be closed")
         for stream in streams[:100]:
             took, code, details = stream.ended
             assert code == grpc.StatusCode.DEADLINE_EXCEEDED and "--handshake_timeout_s" in details, stream.ended
@@ -142,7 +134,7 @@ def test_a_flood_of_idle_clients_is_closed_on_time_while_an_actor_trains_and_lea
         assert during >= 0.5 * undisturbed, (during, undisturbed)
         assert processes[1].poll() is None, (logs / "actor.log").read_text()
         # Threads the flood started exit once idle, and memory goes back to where it was.
-        wait_for(lambda: proc_status(learner.pid)[0] <= threads_before + 2, 30,
+        eventually(lambda: proc_status(learner.pid)[0] <= threads_before + 2, 30,
                  f"the learner's threads to go back to {threads_before}")
         threads_after, rss_after = proc_status(learner.pid)
         assert rss_after <= 1.1 * rss_before, (rss_before, rss_after)
@@ -163,7 +155,8 @@ def test_a_flood_of_idle_clients_is_closed_on_time_while_an_actor_trains_and_lea
                 process.kill()
 
 
-def test_streams_beyond_max_actors_are_refused_with_resource_exhausted_naming_the_limit(serve, raw_actor, wire):
+def test_streams_beyond_max_actors_are_refused_with_resource_exhausted_naming_the_limit(serve, raw_actor, wire,
+                                                                                        eventually):
     learner = serve(max_actors=2)
     first, second = raw_actor(learner.address), raw_actor(learner.address)
     assert first.send(wire.handshake(actor_id="one")).WhichOneof("kind") == "accepted"
@@ -173,5 +166,5 @@ def test_streams_beyond_max_actors_are_refused_with_resource_exhausted_naming_th
     assert refused.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "at most 2 streams" in refused.value.details() and "--max_actors" in refused.value.details()
     first.close()  # a stream that ends frees its place
-    assert wait_for(lambda: learner.service.connected_actors == 1, 10, "the first stream to end")
+    assert eventually(lambda: learner.service.connected_actors == 1, 10, "the first stream to end")
     assert raw_actor(learner.address).send(wire.handshake(actor_id="four")).WhichOneof("kind") == "accepted"

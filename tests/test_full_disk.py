@@ -43,18 +43,9 @@ class FullDisk:
         monkeypatch.setattr(io, "open", open_)
 
 
-def wait_for(condition, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 # TensorBoard's writer thread re-raises the error it hands to the next flush; that flush is what is checked.
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
-def test_training_goes_on_through_a_full_disk_and_writes_again_once_there_is_room(tmp_path, monkeypatch):
+def test_training_goes_on_through_a_full_disk_and_writes_again_once_there_is_room(tmp_path, monkeypatch, eventually):
     logdir = tmp_path / "run"
     disk = FullDisk(monkeypatch, tmp_path)
     learner = Learner(LearnerConfig(problem="cartpole", bind="127.0.0.1:0", logdir=str(logdir),
@@ -75,18 +66,18 @@ def test_training_goes_on_through_a_full_disk_and_writes_again_once_there_is_roo
     acting.start()
     checkpoints = learner.run_state.checkpoints
     try:
-        wait_for(lambda: checkpoints.latest() is not None, 60, "a first checkpoint")
+        eventually(lambda: checkpoints.latest() is not None, 60, "a first checkpoint")
         disk.full = True
         good, version = checkpoints.latest(), learner.policy.version
         full_since = time.monotonic()  # full for long enough that summary writes (every 0.2 s) fail too
-        wait_for(lambda: learner.run_state.failed_checkpoint_writes >= 3 and time.monotonic() - full_since > 1.5, 60,
+        eventually(lambda: learner.run_state.failed_checkpoint_writes >= 3 and time.monotonic() - full_since > 1.5, 60,
                  "three failed checkpoint writes")
         # Training went on, and the last good checkpoint is still the latest, whole.
         assert learner.policy.version >= version + 6 and not learner.is_finished()
         assert checkpoints.latest() == good and load_checkpoint(good)["policy_version"] <= version
         assert not [f for f in os.listdir(checkpoints.directory) if ".tmp-" in f]  # nothing half-written left
         disk.full = False
-        wait_for(lambda: checkpoints.latest() != good, 60, "a checkpoint once there is room again")
+        eventually(lambda: checkpoints.latest() != good, 60, "a checkpoint once there is room again")
         assert load_checkpoint(checkpoints.latest())["policy_version"] > version
     finally:
         disk.full = False
@@ -103,7 +94,7 @@ def test_training_goes_on_through_a_full_disk_and_writes_again_once_there_is_roo
     assert len([f for f in os.listdir(logdir) if f.startswith("events.out")]) >= 2  # a new file after the failure
 
 
-def test_a_final_checkpoint_that_cannot_be_written_makes_the_learner_exit_3_saying_so(tmp_path):
+def test_a_final_checkpoint_that_cannot_be_written_makes_the_learner_exit_3_saying_so(tmp_path, eventually):
     logdir = tmp_path / "run"
     logdir.mkdir()
     (logdir / "checkpoints").write_text("a file where the checkpoint folder should be: every write there fails")
@@ -111,7 +102,7 @@ def test_a_final_checkpoint_that_cannot_be_written_makes_the_learner_exit_3_sayi
                                 f"--logdir={logdir}", "--bind=127.0.0.1:0"],
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: (logdir / "learner_address").exists() or learner.poll() is not None, 60, "the learner")
+        eventually(lambda: (logdir / "learner_address").exists() or learner.poll() is not None, 60, "the learner")
         learner.send_signal(signal.SIGTERM)
         output, _ = learner.communicate(timeout=60)
     finally:

@@ -7,7 +7,6 @@ request that fails on its own ends its actor's stream; its batch-mates get their
 """
 
 import threading
-import time
 
 import grpc
 import numpy as np
@@ -41,7 +40,7 @@ class PoisonedCartPole(CartPoleProblem):
 
 
 @pytest.fixture
-def learner_and_healthy_actor(tmp_path):
+def learner_and_healthy_actor(tmp_path, eventually):
     """A CartPole learner whose batches wait for every connected env, and one healthy actor
     training on it in a thread."""
     config = LearnerConfig(bind="127.0.0.1:0", logdir=str(tmp_path), batch_size=4, unroll_length=10,
@@ -53,7 +52,7 @@ def learner_and_healthy_actor(tmp_path):
     errors = []
     actor_thread = threading.Thread(target=lambda: _run(healthy, errors), daemon=True)
     actor_thread.start()
-    _wait(lambda: learner.policy.version >= 2, "training to start")
+    eventually(lambda: learner.policy.version >= 2, 60, "training to start")
     yield learner, healthy, errors
     learner.finish("test over")
     actor_thread.join(timeout=30)
@@ -68,13 +67,6 @@ def _run(actor, errors):
         errors.append(e)
 
 
-def _wait(condition, what, timeout_s=60.0):
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
-
-
 def _refusal(learner, raw_actor, wire, observation):
     bad = raw_actor(learner.address)
     assert bad.send(wire.handshake(actor_id="bad")).WhichOneof("kind") == "accepted"
@@ -83,14 +75,15 @@ def _refusal(learner, raw_actor, wire, observation):
     return info.value
 
 
-def _still_training(learner, healthy):
+def _still_training(learner, healthy, eventually):
     version, steps = learner.policy.version, healthy.steps_sent
-    _wait(lambda: learner.policy.version > version + 2 and healthy.steps_sent > steps + 20, "more training")
-    assert learner.service.connected_actors == 1 and not learner.is_finished()
+    eventually(lambda: learner.policy.version > version + 2 and healthy.steps_sent > steps + 20, 60, "more training")
+    eventually(lambda: learner.service.connected_actors == 1, 10, "the refused stream to leave")
+    assert not learner.is_finished()
 
 
 def test_a_nan_observation_is_refused_by_name_and_the_healthy_actor_keeps_training(
-        learner_and_healthy_actor, raw_actor, wire):
+        learner_and_healthy_actor, raw_actor, wire, eventually):
     learner, healthy, _ = learner_and_healthy_actor
     observation = np.zeros((2, 4), np.float32)
     observation[1, 2] = np.nan
@@ -98,11 +91,11 @@ def test_a_nan_observation_is_refused_by_name_and_the_healthy_actor_keeps_traini
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "actor 'bad': observation 'observation': env 1 has a NaN or infinite value" in error.details()
     assert learner.service.rejected_messages == 1
-    _still_training(learner, healthy)
+    _still_training(learner, healthy, eventually)
 
 
 def test_a_step_that_breaks_a_shared_batch_fails_alone_and_its_batch_mates_are_served(
-        learner_and_healthy_actor, raw_actor, wire):
+        learner_and_healthy_actor, raw_actor, wire, eventually):
     learner, healthy, _ = learner_and_healthy_actor
     observation = np.zeros((2, 4), np.float32)
     observation[0, 0] = 2 * POISON
@@ -113,7 +106,7 @@ def test_a_step_that_breaks_a_shared_batch_fails_alone_and_its_batch_mates_are_s
     # request by request: the healthy request got its actions, the poisoned one its error.
     assert learner.batcher.isolated_failures >= 1
     assert learner.service.rejected_messages == 1
-    _still_training(learner, healthy)
+    _still_training(learner, healthy, eventually)
     with torch.no_grad():  # and the model itself is unharmed
         out, _ = learner.agent.step({"observation": torch.zeros(1, 4)}, torch.ones(1, dtype=torch.bool), ())
     assert torch.isfinite(out["policy_logits"]).all()

@@ -106,6 +106,25 @@ def test_two_actors_cannot_share_an_id(learner, raw_actor, rejection, wire):
     assert code == grpc.StatusCode.ALREADY_EXISTS and "'same'" in details
 
 
+def test_a_refused_stream_is_forgotten_before_its_status_so_its_actor_can_reconnect_at_once(serve, raw_actor,
+                                                                                            rejection, wire):
+    """The status reaches the client only after the stream has left the learner's records:
+    an actor that reconnects the moment it is refused meets neither ALREADY_EXISTS for its own
+    id nor RESOURCE_EXHAUSTED for its own place under --max_actors. Repeated, since the order
+    of two events is what is tested."""
+    learner = serve(max_actors=1)
+    refusals = {"a NaN observation": wire.cartpole_step(obs=np.full((2, 4), np.nan, np.float32)),
+                "a repeated handshake": wire.handshake(actor_id="same")}
+    for i in range(40):
+        name = sorted(refusals)[i % 2]
+        code, details = rejection(learner, wire.handshake(actor_id="same"), refusals[name])
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (i, name, code, details)
+        assert learner.service.connected_actors == 0, (i, name)
+    again = raw_actor(learner.address)
+    assert again.send(wire.handshake(actor_id="same")).WhichOneof("kind") == "accepted"
+    assert again.send(wire.cartpole_step()).WhichOneof("kind") == "actions"
+
+
 def test_finished_run_tells_actors_so(learner, raw_actor, wire):
     actor = raw_actor(learner.address)
     actor.send(wire.handshake())
