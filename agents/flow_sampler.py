@@ -21,12 +21,16 @@ Which steps are stochastic is chosen per sample: one step drawn at random (RLinf
 or all of them. The chain of states x_0..x_K (x_0 the start noise, x_K the action) and the
 stochastic steps are recorded; `chain_log_prob` recomputes the log-prob of the recorded
 transitions under the current weights with the same `transition` and `gaussian_log_prob`
-that `sample` used, so acting and training agree. The log-prob is the sum over the
-stochastic steps (the chain's density, up to the start noise's term, which no weight
-changes), per action and dim: [B, H, D], zero on padded dims, for fleetrl.losses.chunks.
+that `sample` used, so acting and training agree. The log-prob is per action and dim
+([B, H, D], for fleetrl.losses.chunks), zero where `log_prob_mask` is 0: the padded dims
+and the actions of a chunk that are not executed. It reduces the stochastic steps by
+`log_prob_reduction`: "sum", the chain's density up to the start noise's term (which no
+weight changes), or "mean", RLinf's joint log-prob: the start noise's term and the
+stochastic steps' averaged, which divides a log-ratio by their count (so RLinf's clip
+values carry over).
 
-Padded action dims (an expert is wider than the task's actions) are zero in every state
-of the chain, so what the expert reads never depends on them.
+Every dim of the chain carries noise, the padded ones too, as openpi's sampler does: a
+pretrained expert has read them so.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ from fleetrl.common.settings import check_choice, check_range, setting
 
 METHODS = ("flow_sde", "flow_noise")
 STOCHASTIC_STEPS = ("one", "all")
+REDUCTIONS = ("sum", "mean")
 
 # velocity(x [M, H, D], t [M], rows [M]) -> (v [M, H, D], std [M, H, D] or None): the
 # expert at M states, `rows` saying which sample of the batch (which prefix) each one is.
@@ -57,11 +62,15 @@ class FlowSamplerConfig:
     noise_level: float = setting(0.5, "flow_sde's noise scale (RLinf's LIBERO configs: 0.5).")
     stochastic_steps: str = setting("one", "Which denoise steps are stochastic in a sample: one drawn at random per "
                                            "sample (RLinf's default), or all.")
+    log_prob_reduction: str = setting("sum", "How a chunk's stochastic steps make its log-prob: sum (the chain's "
+                                             "density) or mean (RLinf's joint log-prob: with the start noise's "
+                                             "term, averaged; its clip values assume it).")
 
     def __post_init__(self):
         check_range("denoise_steps", self.denoise_steps, low=1)
         check_choice("noise_method", self.noise_method, METHODS)
         check_choice("stochastic_steps", self.stochastic_steps, STOCHASTIC_STEPS)
+        check_choice("log_prob_reduction", self.log_prob_reduction, REDUCTIONS)
         check_range("noise_level", self.noise_level, low=0, low_open=True)
 
 
@@ -119,29 +128,30 @@ def draw_stochastic_steps(config: FlowSamplerConfig, batch: int, device: torch.d
     return torch.nn.functional.one_hot(chosen, k).bool()
 
 
-def sample(config: FlowSamplerConfig, velocity: Velocity, noise: torch.Tensor, action_mask: torch.Tensor,
+def sample(config: FlowSamplerConfig, velocity: Velocity, noise: torch.Tensor, log_prob_mask: torch.Tensor,
            deterministic: bool = False, generator: torch.Generator | None = None) -> FlowSample:
-    """Denoises `noise` [B, H, D] in K steps. `action_mask` [D] is 1 on the task's dims and 0
-    on the padding. Deterministic: the ODE, every step (eval's default)."""
+    """Denoises `noise` [B, H, D] in K steps. `log_prob_mask` ([H, D] or [D]) is 1 where an
+    entry counts in the log-prob. Deterministic: the ODE, every step (eval's default)."""
     batch, k = noise.shape[0], config.denoise_steps
     rows = torch.arange(batch, device=noise.device)
     stochastic = (torch.zeros(batch, k, dtype=torch.bool, device=noise.device) if deterministic
                   else draw_stochastic_steps(config, batch, noise.device, generator))
-    x = noise * action_mask
+    x = noise
     chain, log_prob = [x], torch.zeros_like(x)
     for step in range(k):
         steps = torch.full((batch,), step, device=noise.device)
         v, learned_std = velocity(x, timesteps(k, noise.device)[steps], rows)
         mean, std = transition(config, x, steps, v, learned_std, stochastic[:, step])
-        std = std * action_mask
-        x = (mean + std * torch.randn(mean.shape, device=mean.device, generator=generator)) * action_mask
+        x = mean + std * torch.randn(mean.shape, device=mean.device, generator=generator)
         log_prob = log_prob + gaussian_log_prob(x, mean, std)
         chain.append(x)
-    return FlowSample(actions=x, chain=torch.stack(chain, dim=1), stochastic=stochastic, log_prob=log_prob)
+    chain = torch.stack(chain, dim=1)
+    return FlowSample(actions=x, chain=chain, stochastic=stochastic,
+                      log_prob=_reduced(config, log_prob, chain, stochastic) * log_prob_mask)
 
 
 def chain_log_prob(config: FlowSamplerConfig, velocity: Velocity, chain: torch.Tensor, stochastic: torch.Tensor,
-                   action_mask: torch.Tensor) -> torch.Tensor:
+                   log_prob_mask: torch.Tensor) -> torch.Tensor:
     """[B, H, D]: the log-prob of the recorded chains' stochastic transitions under `velocity`
     (the current weights). The expert runs once, batched over every stochastic (sample, step)."""
     rows, steps = stochastic.nonzero(as_tuple=True)
@@ -150,5 +160,14 @@ def chain_log_prob(config: FlowSamplerConfig, velocity: Velocity, chain: torch.T
     x, x_next = chain[rows, steps], chain[rows, steps + 1]
     v, learned_std = velocity(x, timesteps(config.denoise_steps, chain.device)[steps], rows)
     mean, std = transition(config, x, steps, v, learned_std, torch.ones_like(rows, dtype=torch.bool))
-    per_step = gaussian_log_prob(x_next, mean, std * action_mask)
-    return torch.zeros_like(chain[:, 0]).index_add(0, rows, per_step)
+    summed = torch.zeros_like(chain[:, 0]).index_add(0, rows, gaussian_log_prob(x_next, mean, std))
+    return _reduced(config, summed, chain, stochastic) * log_prob_mask
+
+
+def _reduced(config: FlowSamplerConfig, summed: torch.Tensor, chain: torch.Tensor,
+             stochastic: torch.Tensor) -> torch.Tensor:
+    """The stochastic steps' summed log-probs [B, H, D], reduced as the config says."""
+    if config.log_prob_reduction == "sum":
+        return summed
+    start = gaussian_log_prob(chain[:, 0], torch.zeros_like(chain[:, 0]), torch.ones_like(chain[:, 0]))
+    return (start + summed) / (1 + stochastic.sum(1)).view(-1, 1, 1)

@@ -1,38 +1,38 @@
-"""A pi0-class flow-matching vision-language-action policy (Black et al. 2024) as a fleetrl agent.
+"""pi0 and pi0.5 (`fleetrl.agents.pi0_model`) as a fleetrl agent: acting, RL and teacher forcing.
 
-- The prefix: a transformers PaliGemma (SigLIP vision tower, projector, Gemma) reads the
-  camera images (`image_keys`, each through the vision tower), the instruction (UTF-8 bytes
-  under `language_key`, tokenized by the model's tokenizer) and the proprioceptive state
-  (`state_key`, one projected token), with full attention inside the prefix. It runs once
-  per inference step; its keys and values are cached.
-- The action expert: a Gemma decoder built from a config, as many layers, heads and head
-  dims as the prefix's language model but `expert_width` wide, so that each of its layers
-  attends to that layer's cached prefix keys and values (block-causal, as pi0: the H action
-  tokens see the prefix and each other; the prefix never sees them). An action token is
-  the noisy action (padded to `action_width`; the padded dims are always zero) embedded
-  with a sinusoidal time embedding through an MLP; the expert's output is the velocity.
-- Sampling is `fleetrl.agents.flow_sampler`: K denoise steps that reuse the prefix's cache,
-  some of them stochastic for RL; eval plays the ODE unless `stochastic_eval`.
-- The value head: an MLP on the prefix's last-layer states, pooled by `value_pooling`
-  (mean, first or last token); it trains the prefix only with `value_backprop`.
+The base model comes from `model_path`: a pi0 or pi0.5 checkpoint folder (openpi's,
+LeRobot's or RLinf's layout, `pi0_checkpoint.load_pi0`), or a transformers PaliGemma
+folder, whose prefix is kept and whose action expert starts fresh (`variant` pi0 or pi05,
+`expert_width` wide), for training a new policy from a VLM. The tokenizer is the folder's
+or `tokenizer_path`'s (a local PaliGemma tokenizer; nothing downloads); the statistics
+are the folder's norm_stats.json (`asset_id` chooses one).
 
-A checkpoint (`state_dict`) holds the expert, the heads, whatever of the prefix trains and
-the prefix's config fingerprint, never the frozen prefix (`fleetrl.agents.pretrained_base`).
+One inference step: the env's images (uint8, any size: resized with pad to the model's,
+as openpi's client does) fill the camera slots in `image_keys`' order (the slots with no
+key are left out, which is what openpi's masked slots amount to); the state is normalized
+(z-score for pi0, quantiles for pi0.5) and zero-padded; the instruction becomes openpi's
+prompt. The prefix runs once, its keys and values reused by every denoise step
+(`fleetrl.agents.flow_sampler`: openpi's Euler grid, some steps Gaussian for RL). The
+first `chunk_size` actions of the H-action chunk are executed, in the task's first
+`action_dim` dims, unnormalized (plus the state's first `delta_action_dims`, pi0_libero's
+delta actions); the log-probs count those entries only.
 
-`step` (inference) outputs, per sample: `actions` [B, H, D] (the task's dims), `chain`
-[B, K+1, H, action_width], `stochastic` [B, K], `log_prob` [B, H, D], `baseline` [B].
-`unroll` with the recorded actions (training) outputs `chain_log_prob` [T, B, H, D] (the
-recorded chains under the current weights), `baseline`, and `flow_matching_error`
-[T, B, H, D] where the observation holds the oracle's chunk (`oracle_key`).
+The value head (RLinf's MLP): on the mean of the expert's action-token states at the
+chunk's stochastic denoise step (detached; pi0's default, `value_input=expert`), or on
+the prefix's pooled states (pi0.5's, `value_input=prefix`).
+
+`step` outputs, per sample: `actions` [B, chunk, D] (the env's scale), `chain` [B, K+1, H,
+W] and `stochastic` [B, K] (the learner keeps them), `log_prob` [B, chunk, D], `baseline`
+[B]. `unroll` with the recorded actions (training) outputs `chain_log_prob`, `baseline`,
+and `flow_matching_error` [T, B, chunk, D] where the observation holds the oracle's chunk.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-import math
 import os
-import shutil
 from collections.abc import Sequence
 from typing import Any
 
@@ -44,230 +44,239 @@ from torch.utils import _pytree as pytree
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
 from fleetrl.agents.flow_sampler import FlowSample, FlowSamplerConfig, chain_log_prob, sample
 from fleetrl.agents.lora import LoraSpec, add_lora, merged
-from fleetrl.agents.pretrained_base import PretrainedBase, check_model_folder, fingerprint, import_transformers
-from fleetrl.agents.vlm import architecture_of
+from fleetrl.agents.pi0_checkpoint import load_pi0, save_pi0
+from fleetrl.agents.pi0_model import GemmaSize, Pi0Config, Pi0Inputs, Pi0Model, PrefixCache, SiglipSize, resize_with_pad
+from fleetrl.agents.pi0_norm import Normalizer, NormStats, find_norm_stats, read_norm_stats, write_norm_stats
+from fleetrl.agents.pi0_prompt import tokenize_prompts
+from fleetrl.agents.pretrained_base import PretrainedBase, import_transformers
 
-SUPPORTED = ("PaliGemmaForConditionalGeneration",)
 VALUE_POOLINGS = ("mean", "first", "last")
+VALUE_INPUTS = ("expert", "prefix")
+VARIANTS = ("pi0", "pi05")
+EXPORTED_HEADS, EXPORTED_ARCHITECTURE = "fleetrl_heads.pt", "fleetrl_agent.json"
 
 
-def _transformers():
-    return import_transformers("the flow-matching VLA")
+@dataclasses.dataclass
+class BaseModel:
+    model: Pi0Model
+    tokenizer: Any
+    norm_stats: NormStats | None
 
 
-def load_paligemma(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, Any, tuple[float, float]]:
-    """The model, tokenizer and image (mean, std) in the local folder `model_path` (never the hub)."""
-    transformers = _transformers()
-    check_model_folder(model_path, architecture_of, SUPPORTED, "the flow VLA's prefix")
-    model = transformers.PaliGemmaForConditionalGeneration.from_pretrained(model_path, local_files_only=True,
-                                                                         dtype=dtype)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-    stats = (0.5, 0.5)  # SigLIP's normalization, unless the folder's image processor says otherwise
-    processor_file = os.path.join(model_path, "preprocessor_config.json")
-    if os.path.isfile(processor_file):
-        with open(processor_file) as f:
-            processor = json.load(f)
-        stats = (float(processor.get("image_mean", [0.5])[0]), float(processor.get("image_std", [0.5])[0]))
-    return model, tokenizer, stats
+def load_base(model_path: str, dtype: str = "float32", tokenizer_path: str = "", asset_id: str = "",
+              variant: str = "pi0", action_width: int = 32, action_horizon: int = 50, expert_width: int = 0,
+              max_token_len: int = 0, discrete_state_input: bool | None = None) -> BaseModel:
+    """The model, its tokenizer and its statistics from `model_path` (see the module's doc)."""
+    if _is_paligemma(model_path):
+        model = pi0_from_paligemma(model_path, variant, action_width, action_horizon, expert_width, dtype,
+                                   max_token_len)
+        stats = None
+    else:
+        model = load_pi0(model_path, dtype, max_token_len=max_token_len, discrete_state_input=discrete_state_input)
+        found = find_norm_stats(model_path, asset_id)
+        stats = read_norm_stats(found) if found else None
+    return BaseModel(model, _tokenizer(tokenizer_path or model_path, model_path), stats)
 
 
-EXPORTED_WEIGHTS, EXPORTED_ARCHITECTURE = "flow_vla.pt", "flow_vla.json"
-
-
-def load_exported(directory: str, dtype: str = "float32") -> FlowVLAAgent:
-    """The policy that `FlowVLAAgent.export_pretrained` wrote to `directory`, in eval mode."""
-    path = os.path.join(directory, EXPORTED_ARCHITECTURE)
+def _is_paligemma(model_path: str) -> bool:
+    """True for a transformers PaliGemma folder; a ValueError for another transformers model;
+    False for anything else (a pi0 checkpoint, which `load_pi0` checks)."""
+    path = os.path.join(model_path, "config.json")
     if not os.path.isfile(path):
-        raise ValueError(f"{directory} holds no exported flow VLA (no {EXPORTED_ARCHITECTURE})")
+        return False
     with open(path) as f:
-        architecture = json.load(f)
-    architecture["sampler"] = FlowSamplerConfig(**architecture["sampler"])
-    architecture["noise_std_range"] = tuple(architecture["noise_std_range"])
-    agent = FlowVLAAgent(directory, dtype=dtype, **architecture)
-    weights = torch.load(os.path.join(directory, EXPORTED_WEIGHTS), weights_only=True)
-    missing, unexpected = nn.Module.load_state_dict(agent, weights, strict=False)
-    missing = [k for k in missing if not k.startswith(f"{FlowVLAAgent.BASE}.") and k != "base_fingerprint"]
+        architectures = json.load(f).get("architectures") or []
+    if not architectures:
+        return False
+    if architectures[0] != "PaliGemmaForConditionalGeneration":
+        raise ValueError(f"--model_path={model_path} holds a {architectures[0]}; the flow VLA takes a pi0 or pi0.5 "
+                         "checkpoint (openpi's, LeRobot's or RLinf's layout) or a PaliGemmaForConditionalGeneration")
+    return True
+
+
+def _tokenizer(path: str, model_path: str):
+    transformers = import_transformers("pi0's tokenizer")
+    if not any(os.path.isfile(os.path.join(path, f)) for f in ("tokenizer.json", "tokenizer.model",
+                                                                 "tokenizer_config.json")):
+        raise ValueError(f"no tokenizer in {path}: a pi0 checkpoint ({model_path}) holds none; pass "
+                         "--tokenizer_path=<a local PaliGemma tokenizer folder> (nothing is downloaded)")
+    return transformers.AutoTokenizer.from_pretrained(path, local_files_only=True)
+
+
+def pi0_from_paligemma(model_path: str, variant: str, action_width: int, action_horizon: int, expert_width: int,
+                       dtype: str, max_token_len: int = 0) -> Pi0Model:
+    """A pi0 whose prefix is the PaliGemma in `model_path` and whose expert (and the
+    projections around it) start fresh: as deep as the PaliGemma, `expert_width` wide (0:
+    half its width, as pi0's 1024 beside 2048)."""
+    transformers = import_transformers("pi0 on a PaliGemma")
+    paligemma = transformers.PaliGemmaForConditionalGeneration.from_pretrained(
+        model_path, local_files_only=True, dtype=getattr(torch, dtype))
+    text, vision = paligemma.config.text_config, paligemma.config.vision_config
+    prefix = GemmaSize(text.hidden_size, text.num_hidden_layers, text.intermediate_size, text.num_attention_heads,
+                       text.num_key_value_heads, text.head_dim, text.vocab_size, text.rms_norm_eps,
+                       float(text.rope_parameters.get("rope_theta", 10000.0)) if text.rope_parameters else 10000.0)
+    width = expert_width or text.hidden_size // 2
+    config = Pi0Config(
+        pi05=variant == "pi05", paligemma=prefix, expert=dataclasses.replace(prefix, width=width, mlp_dim=4 * width),
+        vision=SiglipSize(vision.hidden_size, vision.num_hidden_layers, vision.intermediate_size,
+                          vision.num_attention_heads, vision.image_size, vision.patch_size, vision.layer_norm_eps),
+        action_dim=action_width, action_horizon=action_horizon, max_token_len=max_token_len or 48)
+    model = Pi0Model(config).to(getattr(torch, dtype))
+    # transformers 5 names the vision tower's parts one level higher than openpi's (4.x) do.
+    weights = {k.replace("model.vision_tower.", "model.vision_tower.vision_model."): v
+               for k, v in paligemma.state_dict().items() if not k.startswith("lm_head.")}
+    missing, unexpected = model.paligemma_with_expert.paligemma.load_state_dict(weights, strict=False)
     if missing or unexpected:
-        raise ValueError(f"{directory}: {EXPORTED_WEIGHTS} does not fit {EXPORTED_ARCHITECTURE}: missing {missing}, "
-                         f"unexpected {unexpected}")
-    return agent.eval()
+        raise ValueError(f"{model_path}: the PaliGemma's weights do not fit pi0's prefix: missing {missing[:5]}, "
+                         f"unexpected {unexpected[:5]}")
+    return model.eval()
 
 
-def time_embedding(t: torch.Tensor, width: int, min_period: float = 4e-3, max_period: float = 4.0) -> torch.Tensor:
-    """pi0's sinusoidal embedding of t [M] -> [M, width], periods from min to max."""
-    periods = min_period * (max_period / min_period) ** torch.linspace(0, 1, width // 2, device=t.device)
-    angles = t.float().unsqueeze(-1) * (2 * math.pi / periods)
-    return torch.cat([torch.sin(angles), torch.cos(angles)], dim=-1)
-
-
-class Prefix:
-    """The prefix of N samples: its cache, which tokens are real ([N, P] bool), each one's
-    position, and its last-layer states [N, P, W]."""
-
-    def __init__(self, cache: Any, mask: torch.Tensor, hidden: torch.Tensor):
-        self.cache, self.mask, self.hidden = cache, mask, hidden
-        self.length = mask.sum(-1)  # real tokens; the suffix's positions follow them
-
-    def rows(self, rows: torch.Tensor, cache_class: type, config: Any) -> Any:
-        """A cache of the prefix rows `rows` (a sample may appear several times)."""
-        cache = cache_class(config=config)
-        for i, layer in enumerate(self.cache.layers):
-            cache.update(layer.keys[rows], layer.values[rows], i)
-        return cache
+def fingerprint(config: Pi0Config) -> torch.Tensor:
+    """SHA-256 of the model's architecture, as 32 uint8: a checkpoint names the base it fits."""
+    digest = hashlib.sha256(json.dumps(dataclasses.asdict(config), sort_keys=True).encode()).digest()
+    return torch.tensor(list(digest), dtype=torch.uint8)
 
 
 class FlowVLAAgent(PretrainedBase, Agent):
-    BASE = "paligemma"
+    BASE = "pi0"
 
-    def __init__(self, model_path: str, action_dim: int, chunk_size: int, state_dim: int, action_width: int = 32,
-                 image_keys: Sequence[str] = ("image",), state_key: str = "state", language_key: str = "language",
-                 oracle_key: str = "oracle_action", sampler: FlowSamplerConfig = FlowSamplerConfig(),
-                 expert_width: int | None = None, noise_std_range: tuple[float, float] = (0.08, 0.16),
+    def __init__(self, model_path: str, action_dim: int, chunk_size: int, image_keys: Sequence[str] = ("image",),
+                 state_key: str = "state", language_key: str = "language", oracle_key: str = "oracle_action",
+                 sampler: FlowSamplerConfig = FlowSamplerConfig(), tokenizer_path: str = "", asset_id: str = "",
+                 variant: str = "pi0", action_width: int = 32, action_horizon: int = 0, expert_width: int = 0,
+                 max_token_len: int = 0, discrete_state_input: bool | None = None, delta_action_dims: int = 0,
+                 noise_std_range: tuple[float, float] = (0.08, 0.16), value_input: str = "",
                  value_pooling: str = "mean", value_hidden: Sequence[int] = (512, 256, 128),
-                 value_backprop: bool = False, train_vision: bool = False, train_prefix: bool = False,
-                 stochastic_eval: bool = False, reuse_prefix_cache: bool = True, max_language_tokens: int = 64,
+                 value_backprop: bool = False, train_expert: bool = True, train_vision: bool = False,
+                 train_prefix: bool = False, stochastic_eval: bool = False, reuse_prefix_cache: bool = True,
                  dtype: str = "float32", lora: LoraSpec | None = None, lora_expert: bool = False,
-                 gradient_checkpointing: bool = False):
+                 gradient_checkpointing: bool = False, base: BaseModel | None = None):
         super().__init__()
-        # What an exported folder needs to build this agent again (`load_exported`).
-        self.architecture = dict(action_dim=action_dim, chunk_size=chunk_size, state_dim=state_dim,
-                                 action_width=action_width, image_keys=list(image_keys), state_key=state_key,
-                                 language_key=language_key, oracle_key=oracle_key,
-                                 sampler=dataclasses.asdict(sampler), expert_width=expert_width,
-                                 noise_std_range=list(noise_std_range), value_pooling=value_pooling,
-                                 value_hidden=list(value_hidden), max_language_tokens=max_language_tokens)
-        if not 1 <= action_dim <= action_width:
-            raise ValueError(f"action_dim {action_dim} must be in [1, action_width={action_width}]")
+        if variant not in VARIANTS:
+            raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
         if value_pooling not in VALUE_POOLINGS:
             raise ValueError(f"unknown value_pooling {value_pooling!r}; choose from {VALUE_POOLINGS}")
+        if value_input and value_input not in VALUE_INPUTS:
+            raise ValueError(f"unknown value_input {value_input!r}; choose from {VALUE_INPUTS}")
         if lora is not None and train_prefix:
             raise ValueError("lora_rank > 0 trains the prefix's language model through adapters; "
                              "train_prefix (its full fine-tuning) must be false with it")
         if lora_expert and lora is None:
             raise ValueError("lora_expert needs lora_rank > 0")
-        transformers = _transformers()
-        self.model_path, self.action_dim, self.chunk_size, self.action_width = (model_path, action_dim, chunk_size,
-                                                                              action_width)
+        base = base or load_base(model_path, dtype, tokenizer_path, asset_id, variant, action_width,
+                                 action_horizon or chunk_size, expert_width, max_token_len, discrete_state_input)
+        self.pi0, self.tokenizer = base.model, base.tokenizer
+        c = self.pi0.config
+        if not 1 <= action_dim <= c.action_dim:
+            raise ValueError(f"action_dim {action_dim} must be in [1, the model's action width {c.action_dim}]")
+        if not 1 <= chunk_size <= c.action_horizon:
+            raise ValueError(f"chunk_size {chunk_size} must be in [1, the model's action horizon {c.action_horizon}]: "
+                             "the executed actions are the first chunk_size of each denoised chunk")
+        if len(image_keys) > 3:
+            raise ValueError(f"pi0 has 3 camera slots; image_keys names {len(image_keys)}")
+        self.model_path, self.action_dim, self.chunk_size = model_path, action_dim, chunk_size
         self.image_keys, self.state_key, self.language_key, self.oracle_key = (tuple(image_keys), state_key,
                                                                               language_key, oracle_key)
         self.sampler, self.noise_std_range = sampler, noise_std_range
+        self.normalizer = Normalizer(base.norm_stats, quantile=c.pi05, delta_dims=delta_action_dims)
+        self.value_input = value_input or ("prefix" if c.pi05 else "expert")
         self.value_pooling, self.value_backprop = value_pooling, value_backprop
         self.stochastic_eval, self.reuse_prefix_cache = stochastic_eval, reuse_prefix_cache
-        self.max_language_tokens, self.gradient_checkpointing = max_language_tokens, gradient_checkpointing
-        self.paligemma, self.tokenizer, self.image_stats = load_paligemma(model_path, getattr(torch, dtype))
-        self._cache_class = transformers.DynamicCache
-        text = self.paligemma.config.text_config
-        self.image_size = self.paligemma.config.vision_config.image_size
-        for parameter in self.paligemma.parameters():
-            parameter.requires_grad_(False)
-        for parameter in self.paligemma.model.language_model.parameters():
-            parameter.requires_grad_(train_prefix)
-        for module in (self.paligemma.model.vision_tower, self.paligemma.model.multi_modal_projector):
-            for parameter in module.parameters():
-                parameter.requires_grad_(train_vision)
-        if lora is not None:
-            add_lora(self.paligemma.model.language_model, lora)
-        if gradient_checkpointing:  # the vision tower keeps no cache: transformers' own checkpointing serves it
-            self.paligemma.model.vision_tower.activation_checkpointing_enable()
-        width = text.hidden_size
-        expert_width = expert_width or width // 2  # pi0: 1024 beside Gemma-2B's 2048
-        self.state_token = nn.Linear(state_dim, width)
-        self.expert_config = transformers.GemmaConfig(
-            vocab_size=1, pad_token_id=None, bos_token_id=None, eos_token_id=None,
-            hidden_size=expert_width, intermediate_size=4 * expert_width,
-            num_hidden_layers=text.num_hidden_layers, num_attention_heads=text.num_attention_heads,
-            num_key_value_heads=text.num_key_value_heads, head_dim=text.head_dim,
-            max_position_embeddings=text.max_position_embeddings, rope_parameters=text.rope_parameters,
-            initializer_range=text.initializer_range)  # a fresh expert starts at its prefix's scale
-        self.expert = transformers.GemmaModel(self.expert_config).to(getattr(torch, dtype))
-        self.expert.embed_tokens.requires_grad_(False)  # it reads embeddings, never token ids
-        if lora_expert:  # an expert that came trained (a warm start's, pi0's) keeps its weights
-            add_lora(self.expert, lora)
-        self.action_in = nn.Linear(action_width, expert_width)
-        self.time_mlp = nn.Sequential(nn.Linear(2 * expert_width, expert_width), nn.SiLU(),
-                                      nn.Linear(expert_width, expert_width))
-        self.action_out = nn.Linear(expert_width, action_width)
-        self.noise_head = nn.Linear(expert_width, action_width) if sampler.noise_method == "flow_noise" else None
+        self.gradient_checkpointing = gradient_checkpointing
+        # What an exported folder needs to build this agent again (`load_exported`).
+        self.architecture = dict(action_dim=action_dim, chunk_size=chunk_size, image_keys=list(image_keys),
+                                 state_key=state_key, language_key=language_key, oracle_key=oracle_key,
+                                 sampler=dataclasses.asdict(sampler), noise_std_range=list(noise_std_range),
+                                 value_input=self.value_input, value_pooling=value_pooling,
+                                 value_hidden=list(value_hidden), delta_action_dims=delta_action_dims)
+        self._set_what_trains(train_expert, train_vision, train_prefix, lora, lora_expert)
+        expert_width = c.expert.width
+        self.noise_head = nn.Linear(expert_width, c.action_dim) if sampler.noise_method == "flow_noise" else None
         layers: list[nn.Module] = []
-        previous = width
+        previous = expert_width if self.value_input == "expert" else c.paligemma.width
         for size in value_hidden:
             layers += [nn.Linear(previous, size), nn.ReLU()]
             previous = size
         self.value_head = nn.Sequential(*layers, nn.Linear(previous, 1))
-        self.register_buffer("action_mask", (torch.arange(action_width) < action_dim).float(), persistent=False)
-        self.register_buffer("base_fingerprint", fingerprint(model_path))
+        mask = torch.zeros(c.action_horizon, c.action_dim)
+        mask[:chunk_size, :action_dim] = 1
+        self.register_buffer("log_prob_mask", mask, persistent=False)
+        self.register_buffer("base_fingerprint", fingerprint(c))
         self.remember_what_trains()
+
+    def _set_what_trains(self, train_expert: bool, train_vision: bool, train_prefix: bool, lora: LoraSpec | None,
+                         lora_expert: bool) -> None:
+        pi0 = self.pi0
+        paligemma = pi0.paligemma_with_expert.paligemma.model
+        for parameter in pi0.parameters():
+            parameter.requires_grad_(False)
+        for name, parameter in pi0.named_parameters():
+            if not name.startswith("paligemma_with_expert.paligemma."):  # the expert and its projections
+                parameter.requires_grad_(train_expert)
+        for parameter in paligemma.language_model.parameters():
+            parameter.requires_grad_(train_prefix)
+        for module in (paligemma.vision_tower, paligemma.multi_modal_projector):
+            for parameter in module.parameters():
+                parameter.requires_grad_(train_vision)
+        paligemma.language_model.embed_tokens.requires_grad_(False)  # 0.5B rows; the prompt's few
+        if lora is not None:
+            add_lora(paligemma.language_model, lora)
+            if lora_expert:  # a pretrained expert keeps its weights; adapters train
+                add_lora(pi0.paligemma_with_expert.gemma_expert.model, lora)
+
+    @property
+    def config(self) -> Pi0Config:
+        return self.pi0.config
 
     # ----- export -----
 
-    def export_pretrained(self, directory: str) -> None:
-        """Writes the fine-tuned policy as a folder: the prefix (LoRA merged) as a PaliGemma
-        folder that `from_pretrained` loads, with its tokenizer; beside it `flow_vla.pt`, the
-        expert (merged) and the heads, and `flow_vla.json`, the architecture.
-        `load_exported(directory)` builds the same policy from it."""
-        merged(self.paligemma).save_pretrained(directory)
+    def export_pretrained(self, directory: str, asset_id: str = "fleetrl") -> None:
+        """Writes the policy in openpi's layout (LoRA merged): `model.safetensors` with openpi's
+        keys, config.json and assets/<asset_id>/norm_stats.json, which openpi, LeRobot and
+        RLinf serve; beside them the tokenizer, and fleetrl's value head and settings
+        (`fleetrl_heads.pt`, `fleetrl_agent.json`), which `load_exported` reads too."""
+        save_pi0(merged(self.pi0), directory)
         self.tokenizer.save_pretrained(directory)
-        processor = os.path.join(self.model_path, "preprocessor_config.json")
-        if os.path.isfile(processor):
-            shutil.copy(processor, directory)
-        weights = {f"expert.{k}": v for k, v in merged(self.expert).state_dict().items()}
-        for name, module in self.named_children():
-            if name not in (self.BASE, "expert") and module is not None:
-                weights.update({f"{name}.{k}": v for k, v in module.state_dict().items()})
-        torch.save(weights, os.path.join(directory, EXPORTED_WEIGHTS))
+        if self.normalizer.stats is not None:
+            write_norm_stats(self.normalizer.stats, directory, asset_id)
+        heads = {f"{name}.{k}": v for name, module in self.named_children() if name != self.BASE
+                 and module is not None for k, v in module.state_dict().items()}
+        torch.save(heads, os.path.join(directory, EXPORTED_HEADS))
         with open(os.path.join(directory, EXPORTED_ARCHITECTURE), "w") as f:
             json.dump(self.architecture, f, indent=1)
 
-    # ----- the prefix -----
+    # ----- the model's inputs -----
 
-    def _images(self, observation: Observation) -> torch.Tensor:
-        """Every camera's image tokens, [N, cameras * tokens, W], one vision pass for all."""
-        images = torch.cat([observation[k] for k in self.image_keys])  # [cameras * N, H, W, 3] uint8
-        x = images.permute(0, 3, 1, 2).float() / 255
-        if x.shape[-1] != self.image_size or x.shape[-2] != self.image_size:
-            x = nn.functional.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear",
-                                          align_corners=False)
-        mean, std = self.image_stats
-        x = ((x - mean) / std).to(self.paligemma.dtype)
-        tokens = self.paligemma.model.get_image_features(x).pooler_output
-        return torch.cat(tokens.chunk(len(self.image_keys)), dim=1)
+    def _images(self, observation: Observation) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+        size = self.config.vision.image_size
+        images, masks = [], []
+        for key in self.image_keys:
+            image = observation[key]  # [N, H, W, 3] uint8
+            if image.shape[1:3] != (size, size):
+                image = resize_with_pad(image, size, size)
+            images.append(image.permute(0, 3, 1, 2).float() / 255 * 2 - 1)
+            masks.append(torch.ones(len(image), dtype=torch.bool, device=image.device))
+        return images, masks
 
-    def _language(self, observation: Observation, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    def model_inputs(self, observation: Observation) -> Pi0Inputs:
+        raw = observation[self.state_key].float()
+        state = self.normalizer.state(raw.reshape(len(raw), -1))
+        if state.shape[-1] > self.config.action_dim:
+            raise ValueError(f"the state has {state.shape[-1]} dims, more than the model's {self.config.action_dim}")
+        padded = nn.functional.pad(state, (0, self.config.action_dim - state.shape[-1]))
         texts = [bytes(row).rstrip(b"\0").decode("utf-8", errors="replace")
                  for row in observation[self.language_key].to("cpu", torch.uint8).numpy()]
-        encoded = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_language_tokens,
-                                 return_tensors="pt")
-        return encoded["input_ids"].to(device), encoded["attention_mask"].to(device).bool()
+        states = state.detach().cpu().numpy() if self.config.discrete_state_input else None
+        ids, mask = tokenize_prompts(self.tokenizer, texts, self.config.max_token_len, states)
+        images, masks = self._images(observation)
+        device = padded.device
+        return Pi0Inputs(images, masks, torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device), padded)
 
-    def prefix(self, observation: Observation) -> Prefix:
-        images = self._images(observation)
-        device = images.device
-        ids, language_mask = self._language(observation, device)
-        language = self.paligemma.model.language_model.embed_tokens(ids)
-        state = self.state_token(observation[self.state_key].float().to(device)).unsqueeze(1).to(images.dtype)
-        embeds = torch.cat([images, language, state], dim=1)
-        n = embeds.shape[0]
-        mask = torch.cat([torch.ones(n, images.shape[1], dtype=torch.bool, device=device), language_mask,
-                          torch.ones(n, 1, dtype=torch.bool, device=device)], dim=1)
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        full = mask[:, None, None, :].expand(n, 1, mask.shape[1], mask.shape[1])  # full attention inside
-        config = self.paligemma.config.text_config
+    # ----- the prefix and the expert -----
 
-        def run(embeds: torch.Tensor) -> tuple[torch.Tensor, ...]:
-            cache = self._cache_class(config=config)
-            out = self.paligemma.model.language_model(inputs_embeds=embeds, attention_mask=full,
-                                                      position_ids=positions, cache=cache, use_cache=True)
-            return (out.last_hidden_state, *(layer.keys for layer in cache.layers),
-                    *(layer.values for layer in cache.layers))
-
-        # Checkpointed, the prefix keeps only its outputs for the backward pass; the cache
-        # is built from them outside, so the recomputation never writes it twice.
-        hidden, *keys_values = self._checkpointed(run, embeds)
-        cache = self._cache_class(config=config)
-        layers = len(keys_values) // 2
-        for i in range(layers):
-            cache.update(keys_values[i], keys_values[layers + i], i)
-        return Prefix(cache, mask, hidden)
+    def prefix(self, inputs: Pi0Inputs) -> PrefixCache:
+        return self._checkpointed(self.pi0.prefix_cache, inputs)
 
     def _checkpointed(self, function, *args):
         """function(*args), its activations recomputed in the backward pass under
@@ -276,110 +285,165 @@ class FlowVLAAgent(PretrainedBase, Agent):
             return torch.utils.checkpoint.checkpoint(function, *args, use_reentrant=False)
         return function(*args)
 
-    # ----- the expert -----
-
-    def velocity(self, prefix: Prefix, x: torch.Tensor, t: torch.Tensor, rows: torch.Tensor,
-                 observation: Observation | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """v(x_t, t) [M, H, A] for the prefix rows `rows`, and the noise head's std (flow_noise).
-        With `reuse_prefix_cache` off, the prefix is computed again from `observation` (the
-        naive path, for the bench and the test that the cache changes nothing)."""
-        # The expert writes its suffix into the prefix's cache and crops it again, so a
-        # recomputation finds the cache as the first pass did.
-        return self._checkpointed(lambda x, t: self._velocity(prefix, x, t, rows, observation), x, t)
-
-    def _velocity(self, prefix: Prefix, x: torch.Tensor, t: torch.Tensor, rows: torch.Tensor,
-                  observation: Observation | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if not self.reuse_prefix_cache and observation is not None:
-            prefix = self.prefix(pytree.tree_map(lambda v: v[rows], observation))
-            rows = torch.arange(len(rows), device=rows.device)
-        h = x.shape[1]
-        every_row = torch.arange(len(rows), device=rows.device)
-        same_rows = len(rows) == prefix.mask.shape[0] and bool((rows == every_row).all())
-        cache = prefix.cache if same_rows else prefix.rows(rows, self._cache_class, self.paligemma.config.text_config)
-        width = self.expert_config.hidden_size
-        actions = self.action_in((x * self.action_mask).to(self.action_in.weight.dtype))
-        times = time_embedding(t, width).to(actions.dtype).unsqueeze(1).expand(-1, h, -1)
-        # The small layers around the expert stay in float32 (the log-probs' precision); the
-        # expert and the prefix run in the model's dtype.
-        suffix = self.time_mlp(torch.cat([actions, times], dim=-1)).to(self.expert.dtype)
-        prefix_mask = prefix.mask[rows]
-        mask = torch.cat([prefix_mask[:, None, None, :].expand(-1, 1, h, -1),
-                          torch.ones(len(rows), 1, h, h, dtype=torch.bool, device=x.device)], dim=-1)
-        positions = prefix.length[rows].unsqueeze(-1) + torch.arange(h, device=x.device)
-        try:
-            out = self.expert(inputs_embeds=suffix, attention_mask=mask, position_ids=positions, cache=cache,
-                              use_cache=True).last_hidden_state
-        finally:
-            if same_rows:
-                cache.crop(-h)  # the prefix's cache again, for the next denoise step
-        out = out.to(self.action_out.weight.dtype)
-        v = self.action_out(out).float() * self.action_mask
+    def _expert_step(self, cache: PrefixCache, inputs: Pi0Inputs, x: torch.Tensor, t: torch.Tensor,
+                     rows: torch.Tensor, states: list[torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """v(x_t, t) [M, H, W] for the prefix rows `rows`, and the noise head's std (flow_noise);
+        the action tokens' mean state goes to `states` (the value head's input). With
+        `reuse_prefix_cache` off, the prefix is computed again (the naive path, for the bench
+        and the test that the cache changes nothing)."""
+        if not self.reuse_prefix_cache:
+            inputs = Pi0Inputs([i[rows] for i in inputs.images], [m[rows] for m in inputs.image_masks],
+                               inputs.tokens[rows], inputs.token_mask[rows], inputs.state[rows])
+            cache, rows = self.pi0.prefix_cache(inputs), torch.arange(len(rows), device=rows.device)
+        every_row = len(rows) == cache.pad.shape[0] and bool((rows == torch.arange(len(rows),
+                                                                                   device=rows.device)).all())
+        selected = cache if every_row else cache.select(rows)
+        v, out = self._checkpointed(self.pi0.velocity_and_states, selected, inputs.state[rows], x, t)
+        if states is not None:
+            states.append(out.float().mean(1))
         std = None
         if self.noise_head is not None:
             low, high = self.noise_std_range
-            std = (low + (high - low) * torch.sigmoid(self.noise_head(out).float())) * self.action_mask
+            std = low + (high - low) * torch.sigmoid(self.noise_head(out.to(self.noise_head.weight.dtype)).float())
         return v, std
 
     # ----- the value head -----
 
-    def value(self, prefix: Prefix) -> torch.Tensor:
-        hidden = prefix.hidden if self.value_backprop else prefix.hidden.detach()
-        mask = prefix.mask.unsqueeze(-1).to(hidden.dtype)
+    def _prefix_value(self, cache: PrefixCache) -> torch.Tensor:
+        hidden = cache.hidden if self.value_backprop else cache.hidden.detach()
+        mask = cache.pad.unsqueeze(-1).to(hidden.dtype)
         if self.value_pooling == "mean":
             pooled = (hidden * mask).sum(1) / mask.sum(1)
         elif self.value_pooling == "first":
             pooled = hidden[:, 0]
         else:
-            pooled = hidden[torch.arange(len(hidden)), prefix.mask.shape[1] - 1 - prefix.mask.flip(-1).int().argmax(-1)]
+            pooled = hidden[torch.arange(len(hidden)), cache.pad.shape[1] - 1 - cache.pad.flip(-1).int().argmax(-1)]
         return self.value_head(pooled.float()).squeeze(-1)
+
+    def _expert_value(self, pooled: torch.Tensor) -> torch.Tensor:
+        pooled = pooled if self.value_backprop else pooled.detach()
+        return self.value_head(pooled.to(self.value_head[0].weight.dtype)).squeeze(-1)
 
     # ----- the Agent API -----
 
-    def torso(self, observation: Observation) -> Prefix:
-        return self.prefix(observation)
+    def torso(self, observation: Observation) -> Any:
+        return self.prefix(self.model_inputs(observation))
 
     def head(self, neck_output: Any) -> AgentOutput:
         raise NotImplementedError("FlowVLAAgent.unroll samples or scores chunks itself")
 
-    def sample_chunks(self, prefix: Prefix, observation: Observation,
-                      generator: torch.Generator | None = None, noise: torch.Tensor | None = None) -> FlowSample:
-        n = prefix.mask.shape[0]
+    def sample_chunks(self, observation: Observation, generator: torch.Generator | None = None,
+                      noise: torch.Tensor | None = None) -> tuple[FlowSample, torch.Tensor]:
+        """A chunk per sample and its value."""
+        inputs = self.model_inputs(observation)
+        cache = self.prefix(inputs)
+        n, c = cache.pad.shape[0], self.config
         if noise is None:
-            noise = torch.randn(n, self.chunk_size, self.action_width, device=prefix.hidden.device,
-                                generator=generator)
+            noise = torch.randn(n, c.action_horizon, c.action_dim, device=cache.hidden.device, generator=generator)
         deterministic = not self.training and not self.stochastic_eval
-        return sample(self.sampler, lambda x, t, rows: self.velocity(prefix, x, t, rows, observation), noise,
-                      self.action_mask, deterministic=deterministic, generator=generator)
+        states: list[torch.Tensor] = []
+        chunk = sample(self.sampler, lambda x, t, rows: self._expert_step(cache, inputs, x, t, rows, states), noise,
+                       self.log_prob_mask, deterministic=deterministic, generator=generator)
+        if self.value_input == "prefix":
+            return chunk, self._prefix_value(cache)
+        per_step = torch.stack(states, dim=1)  # [N, K, W]: the value at the stochastic step(s), else all
+        weight = (chunk.stochastic if bool(chunk.stochastic.any(1).all()) else torch.ones_like(chunk.stochastic))
+        weight = weight.float().unsqueeze(-1)
+        return chunk, self._expert_value((per_step * weight).sum(1) / weight.sum(1))
 
     def unroll(self, observation: Observation, first: torch.Tensor, state: State,
                actions: dict[str, torch.Tensor] | None = None) -> tuple[AgentOutput, State]:
         num_steps, batch = first.shape
         flat = pytree.tree_map(lambda x: x.reshape(num_steps * batch, *x.shape[2:]), observation)
-        prefix = self.prefix(flat)
-        out = {"baseline": self.value(prefix)}
-        d = self.action_dim
+        d, h = self.action_dim, self.chunk_size
         if actions is None:
-            chunk = self.sample_chunks(prefix, flat)
-            out.update(actions=chunk.actions[..., :d], chain=chunk.chain, stochastic=chunk.stochastic,
-                       log_prob=chunk.log_prob[..., :d])
+            chunk, value = self.sample_chunks(flat)
+            env = self.normalizer.env_actions(chunk.actions[:, :h, :d], flat[self.state_key].float())
+            out = dict(actions=env, chain=chunk.chain, stochastic=chunk.stochastic,
+                       log_prob=chunk.log_prob[:, :h, :d], baseline=value)
         else:
+            inputs = self.model_inputs(flat)
+            cache = self.prefix(inputs)
             chain = actions["chain"].reshape(num_steps * batch, *actions["chain"].shape[2:]).float()
             stochastic = actions["stochastic"].reshape(num_steps * batch, -1).bool()
-            log_prob = chain_log_prob(self.sampler, lambda x, t, rows: self.velocity(prefix, x, t, rows, flat),
-                                      chain, stochastic, self.action_mask)
-            out["chain_log_prob"] = log_prob[..., :d]
+            states: list[torch.Tensor] = []
+            log_prob = chain_log_prob(self.sampler, lambda x, t, rows: self._expert_step(cache, inputs, x, t, rows,
+                                                                                          states),
+                                      chain, stochastic, self.log_prob_mask)
+            out = {"chain_log_prob": log_prob[:, :h, :d], "baseline": self._training_value(cache, inputs, chain,
+                                                                                            stochastic, states)}
             if self.oracle_key in flat:
-                out["flow_matching_error"] = self.flow_matching_error(prefix, flat[self.oracle_key], flat)
+                out["flow_matching_error"] = self.flow_matching_error(cache, inputs, flat)
         return {k: v.reshape(num_steps, batch, *v.shape[1:]) for k, v in out.items()}, state
 
-    def flow_matching_error(self, prefix: Prefix, chunk: torch.Tensor, observation: Observation) -> torch.Tensor:
-        """[N, H, D]: pi0's squared error on demonstrated chunks [N, H, D] (or [N, D] for one
-        action): x_t = t*e + (1-t)*A, v regressed on e - A, t ~ Beta(1.5, 1) * 0.999 + 0.001."""
-        n = chunk.shape[0]
-        target = torch.zeros(n, self.chunk_size, self.action_width, device=chunk.device)
-        target[..., :self.action_dim] = chunk.float().reshape(n, self.chunk_size, self.action_dim)
-        t = torch.distributions.Beta(1.5, 1.0).sample((n,)).to(chunk.device) * 0.999 + 0.001
-        noise = torch.randn_like(target) * self.action_mask
+    def _training_value(self, cache: PrefixCache, inputs: Pi0Inputs, chain: torch.Tensor, stochastic: torch.Tensor,
+                        states: list[torch.Tensor]) -> torch.Tensor:
+        """The value as acting computed it: the prefix's, or the expert's at the recorded
+        stochastic steps (averaged), read from chain_log_prob's own expert pass."""
+        if self.value_input == "prefix":
+            return self._prefix_value(cache)
+        n = chain.shape[0]
+        rows = stochastic.nonzero(as_tuple=True)[0]
+        pooled = torch.zeros(n, self.config.expert.width, device=chain.device)
+        counts = torch.zeros(n, device=chain.device)
+        if rows.numel():
+            pooled = pooled.index_add(0, rows, states[0])
+            counts = counts.index_add(0, rows, torch.ones_like(rows, dtype=counts.dtype))
+        missing = (counts == 0).nonzero(as_tuple=True)[0]
+        if missing.numel():  # ODE chains: every step's, as acting averaged them
+            k = self.sampler.denoise_steps
+            grid = 1 - torch.arange(k, device=chain.device, dtype=torch.float32) / k
+            for step in range(k):
+                extra: list[torch.Tensor] = []
+                self._expert_step(cache, inputs, chain[missing, step], grid[step].expand(len(missing)), missing, extra)
+                pooled = pooled.index_add(0, missing, extra[0])
+            counts = counts.index_add(0, missing, torch.full_like(missing, k, dtype=counts.dtype))
+        return self._expert_value(pooled / counts.unsqueeze(-1))
+
+    def flow_matching_error(self, cache: PrefixCache, inputs: Pi0Inputs, observation: Observation) -> torch.Tensor:
+        """[N, chunk, D]: pi0's squared error on the oracle's chunks ([N, chunk, D], or [N, D]
+        for one action), in the model's scale: x_t = t*e + (1-t)*A, v regressed on e - A,
+        t ~ Beta(1.5, 1) * 0.999 + 0.001. The horizon past the chunk is not scored."""
+        oracle = observation[self.oracle_key].float()
+        n, c = oracle.shape[0], self.config
+        raw_state = observation[self.state_key].float().reshape(n, -1)
+        known = self.normalizer.model_actions(oracle.reshape(n, self.chunk_size, self.action_dim), raw_state)
+        target = torch.zeros(n, c.action_horizon, c.action_dim, device=oracle.device)
+        target[:, :self.chunk_size, :self.action_dim] = known
+        t = torch.distributions.Beta(1.5, 1.0).sample((n,)).to(oracle.device) * 0.999 + 0.001
+        noise = torch.randn_like(target)
         x_t = t.view(-1, 1, 1) * noise + (1 - t.view(-1, 1, 1)) * target
-        v, _ = self.velocity(prefix, x_t, t, torch.arange(n, device=chunk.device), observation)
-        return ((v - (noise - target)) ** 2)[..., :self.action_dim]
+        v, _ = self._expert_step(cache, inputs, x_t, t, torch.arange(n, device=oracle.device), None)
+        return ((v - (noise - target)) ** 2)[:, :self.chunk_size, :self.action_dim]
+
+
+def load_exported(directory: str, dtype: str = "float32") -> FlowVLAAgent:
+    """The policy that `FlowVLAAgent.export_pretrained` wrote to `directory`, in eval mode."""
+    path = os.path.join(directory, EXPORTED_ARCHITECTURE)
+    if not os.path.isfile(path):
+        raise ValueError(f"{directory} holds no exported fleetrl flow VLA (no {EXPORTED_ARCHITECTURE}); an openpi "
+                         "checkpoint is a --model_path")
+    with open(path) as f:
+        architecture = json.load(f)
+    architecture["sampler"] = FlowSamplerConfig(**architecture["sampler"])
+    architecture["noise_std_range"] = tuple(architecture["noise_std_range"])
+    agent = FlowVLAAgent(directory, dtype=dtype, train_expert=False, **architecture)
+    heads = torch.load(os.path.join(directory, EXPORTED_HEADS), weights_only=True)
+    missing, unexpected = nn.Module.load_state_dict(agent, heads, strict=False)
+    missing = [k for k in missing if not k.startswith(f"{FlowVLAAgent.BASE}.") and k != "base_fingerprint"]
+    if missing or unexpected:
+        raise ValueError(f"{directory}: {EXPORTED_HEADS} does not fit {EXPORTED_ARCHITECTURE}: missing {missing}, "
+                         f"unexpected {unexpected}")
+    return agent.eval()
+
+
+
+def chunk_shape(model_path: str, action_width: int, action_horizon: int) -> tuple[int, int]:
+    """(H, W) of the chains a model at `model_path` denoises, read without building it: a
+    checkpoint's own (from its config.json and its weights' names), else the settings'."""
+    if _is_paligemma(model_path):
+        return action_horizon, action_width
+    from fleetrl.agents.pi0_checkpoint import read_config, stored_tensors, weight_files
+
+    config = read_config(model_path, stored_tensors(weight_files(model_path)))
+    return config.action_horizon, config.action_dim

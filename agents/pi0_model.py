@@ -369,10 +369,15 @@ class Pi0Model(nn.Module):
                                            cond, cache)
         return out[:, -self.config.action_horizon:]
 
-    def velocity(self, cache: PrefixCache, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        """One denoise step's velocity [B, H, action_dim] (float32)."""
+    def velocity_and_states(self, cache: PrefixCache, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One denoise step: the velocity [B, H, action_dim] (float32) and the expert's states
+        of the action tokens it came from (a value head reads them)."""
         out = self.suffix_out(cache, state, x_t, t)
-        return self.action_out_proj(out.to(self.action_out_proj.weight.dtype)).float()
+        return self.action_out_proj(out.to(self.action_out_proj.weight.dtype)).float(), out
+
+    def velocity(self, cache: PrefixCache, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        return self.velocity_and_states(cache, state, x_t, t)[0]
 
     @property
     def _expert_dtype(self) -> torch.dtype:

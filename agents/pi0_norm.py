@@ -120,3 +120,61 @@ def _need_quantiles(stats: Stats) -> None:
     if stats.q01 is None or stats.q99 is None:
         raise ValueError("quantile normalization (pi0.5) needs q01 and q99 in norm_stats.json; this file has "
                          "mean and std only")
+
+
+class Normalizer:
+    """The checkpoint's statistics on the model's device, for the agent's torch tensors: the
+    state into the model, the model's actions out to the env, an oracle's chunk back in.
+    `delta_dims`: pi0_libero's delta actions (the raw state's first dims added to the
+    actions after unnormalizing). With no statistics, everything passes through."""
+
+    def __init__(self, stats: NormStats | None, quantile: bool, delta_dims: int = 0):
+        self.stats, self.quantile, self.delta_dims = stats, quantile, delta_dims
+
+    def _vectors(self, stats: Stats, like):
+        import torch
+
+        names = ("q01", "q99") if self.quantile else ("mean", "std")
+        if self.quantile:
+            _need_quantiles(stats)
+        return [torch.as_tensor(getattr(stats, n), dtype=torch.float32, device=like.device) for n in names]
+
+    def state(self, raw):
+        """Normalized state (the statistics' first dims; x may be narrower)."""
+        if self.stats is None:
+            return raw
+        a, b = (v[:raw.shape[-1]] for v in self._vectors(self.stats.state, raw))
+        return (raw - a) / (b - a + EPS) * 2 - 1 if self.quantile else (raw - a) / (b + EPS)
+
+    def env_actions(self, model_actions, raw_state):
+        """The model's actions [..., D] (the task's dims) in the env's scale."""
+        out = model_actions
+        if self.stats is not None:
+            a, b = (v[:out.shape[-1]] for v in self._vectors(self.stats.actions, out))
+            d = a.shape[0]
+            scaled = (out[..., :d] + 1) / 2 * (b - a + EPS) + a if self.quantile else out[..., :d] * (b + EPS) + a
+            out = scaled if d == out.shape[-1] else torch_cat(scaled, out[..., d:])
+        return self._delta(out, raw_state, +1)
+
+    def model_actions(self, env_actions, raw_state):
+        """An env-scale chunk [..., D] (an oracle's) in the model's scale: env_actions' inverse."""
+        out = self._delta(env_actions, raw_state, -1)
+        if self.stats is None:
+            return out
+        a, b = (v[:out.shape[-1]] for v in self._vectors(self.stats.actions, out))
+        d = a.shape[0]
+        scaled = (out[..., :d] - a) / (b - a + EPS) * 2 - 1 if self.quantile else (out[..., :d] - a) / (b + EPS)
+        return scaled if d == out.shape[-1] else torch_cat(scaled, out[..., d:])
+
+    def _delta(self, actions, raw_state, sign: int):
+        if not self.delta_dims:
+            return actions
+        d = self.delta_dims
+        shift = raw_state[..., :d].reshape(*raw_state.shape[:-1], *[1] * (actions.dim() - raw_state.dim()), d)
+        return torch_cat(actions[..., :d] + sign * shift, actions[..., d:])
+
+
+def torch_cat(first, second):
+    import torch
+
+    return torch.cat([first, second], dim=-1)

@@ -8,8 +8,10 @@ The file holds the agent's state_dict under "model" plus "problem", "hparams" an
 
 For a vision-language agent, `--pretrained_dir=DIR` also writes the fine-tuned model as a
 folder that `AutoModelForImageTextToText.from_pretrained(DIR)` loads, LoRA merged in. For a
-flow-matching VLA, DIR is the prefix as a PaliGemma folder (LoRA merged) with the expert
-and heads beside it; `fleetrl.agents.flow_vla.load_exported(DIR)` builds the policy again.
+flow-matching VLA (pi0, pi0.5), DIR is openpi's checkpoint layout (model.safetensors with
+openpi's keys, config.json, assets/<asset_id>/norm_stats.json; LoRA merged), which openpi,
+LeRobot and RLinf serve, with fleetrl's value head and settings beside it;
+`fleetrl.agents.flow_vla.load_exported(DIR)` builds the policy again.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""Problems whose agent is a flow-matching VLA (pi0-class, `fleetrl.agents.flow_vla`).
+"""Problems whose agent is a flow-matching VLA: pi0 or pi0.5 (`fleetrl.agents.flow_vla`).
 
-`FlowVLAProblem` holds what every such Problem shares: the model (a local PaliGemma
-folder, or `tiny`), the action expert, the sampler (denoise steps, noise method, which
-steps are stochastic), the value head, which parts train, and the policy's log-prob: the
-Gaussian denoise steps' log-probs per action and dim, which `logprob_type` reduces (one
-PPO ratio per chunk by default, as RLinf's). The denoising chain and the stochastic steps
+`FlowVLAProblem` holds what every such Problem shares: the model (a pi0 or pi0.5
+checkpoint folder, a PaliGemma folder with a fresh expert, or `tiny`), its tokenizer and
+statistics, the sampler (denoise steps, noise method, which steps are stochastic), the
+value head and its learning rate, which parts train, and the policy's log-prob: the
+Gaussian denoise steps' log-probs per executed action and dim, which `logprob_type`
+reduces (one PPO ratio per chunk by default, as RLinf's). The denoising chain and the stochastic steps
 are recorded on the learner with each step (`learner_action_specs`) and never sent to
 actors. Teacher forcing, and the supervised warm start it makes with
 `algorithm=supervised, teacher_forcing_fraction=1`, trains pi0's flow-matching loss on the
@@ -24,10 +25,10 @@ import numpy as np
 import torch
 
 from fleetrl.agents.base import AgentOutput, Observation
-from fleetrl.agents.flow_sampler import METHODS, STOCHASTIC_STEPS, FlowSamplerConfig
-from fleetrl.agents.flow_vla import VALUE_POOLINGS, FlowVLAAgent
+from fleetrl.agents.flow_sampler import METHODS, REDUCTIONS, STOCHASTIC_STEPS, FlowSamplerConfig
+from fleetrl.agents.flow_vla import VALUE_INPUTS, VALUE_POOLINGS, VARIANTS, FlowVLAAgent, chunk_shape
 from fleetrl.agents.lora import LoraSpec
-from fleetrl.agents.tiny_paligemma import build_tiny_paligemma
+from fleetrl.agents.tiny_pi0 import TinyPi0Config, build_tiny_pi0
 from fleetrl.common.settings import check_choice, check_range, setting
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING
 from fleetrl.problems.base import Problem, ProblemConfig
@@ -40,41 +41,65 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 @dataclasses.dataclass
 class FlowVLAConfig(ProblemConfig):
-    model_path: str = setting("tiny", "A local folder that transformers loads as a PaliGemma (the prefix), or "
-                                      "tiny: a small random one built here, for CPUs and tests. Nothing is "
+    model_path: str = setting("tiny", "A pi0 or pi0.5 checkpoint folder (openpi's PyTorch layout, LeRobot's or "
+                                      "RLinf's), a transformers PaliGemma folder (its prefix, a fresh expert), or "
+                                      "tiny: a small random pi0 built here, for CPUs and tests. Nothing is "
                                       "downloaded.")
-    action_width: int = setting(32, "The expert's action width (pi0's 32); the task's dims are padded to it, and "
-                                    "the padding is masked everywhere.")
-    expert_width: int = setting(0, "The action expert's hidden width; 0: half the prefix's (pi0: 1024 beside "
-                                   "Gemma-2B's 2048). Its layers, heads and head dims are the prefix's.")
-    denoise_steps: int = setting(5, "Euler steps from noise to a chunk (K).")
+    tokenizer_path: str = setting("", "A local PaliGemma tokenizer folder, for a checkpoint that holds none "
+                                      "(openpi's do not); empty: the model folder's.")
+    asset_id: str = setting("", "Which norm_stats.json of the checkpoint (e.g. physical-intelligence/libero); "
+                                "empty: its only one.")
+    variant: str = setting("pi0", "pi0 or pi05: the model built for tiny or on a PaliGemma (a checkpoint's own is "
+                                  "read from its weights).")
+    action_width: int = setting(32, "tiny and a PaliGemma base: the model's action width (pi0's 32); the task's "
+                                    "dims are its first, the rest carry noise and are never scored.")
+    action_horizon: int = setting(0, "tiny and a PaliGemma base: the actions a chunk denoises (H); 0: chunk_size. "
+                                     "A checkpoint's own is read from it (pi0_libero 50, pi05_libero 10).")
+    expert_width: int = setting(0, "A PaliGemma base: the fresh action expert's width; 0: half the prefix's (pi0: "
+                                   "1024 beside Gemma-2B's 2048). Its layers, heads and head dims are the prefix's.")
+    max_token_len: int = setting(0, "Prompt tokens (padded or cut); 0: the checkpoint's, else 48 for pi0 and 200 "
+                                    "for pi0.5.")
+    discrete_state_input: bool = setting(False, "pi0.5: write the discretized state into the prompt (openpi's "
+                                                "pi05_libero does not).")
+    delta_action_dims: int = setting(0, "Add the env state's first this many dims to the actions (pi0_libero's "
+                                        "delta actions: 6).")
+    denoise_steps: int = setting(4, "Euler steps from noise to a chunk (K; RLinf's LIBERO configs: 4 for pi0, "
+                                    "3-5 for pi0.5).")
     noise_method: str = setting("flow_sde", "flow_sde or flow_noise: how a stochastic denoise step gets its "
                                             "Gaussian (docs/flow_vla.md).")
-    noise_level: float = setting(0.5, "flow_sde's noise scale.")
+    noise_level: float = setting(0.5, "flow_sde's noise scale (RLinf's LIBERO configs: 0.5).")
     noise_std_min: float = setting(0.08, "flow_noise: the learned std's lower bound.")
     noise_std_max: float = setting(0.16, "flow_noise: the learned std's upper bound.")
     stochastic_steps: str = setting("one", "one: a denoise step drawn per sample is stochastic (RLinf's default); "
                                            "all: every step is.")
+    log_prob_reduction: str = setting("sum", "sum: a chunk's log-prob sums its stochastic steps'; mean: RLinf's "
+                                             "joint log-prob, their mean with the start noise's (docs/flow_vla.md).")
     stochastic_eval: bool = setting(False, "Evaluate the stochastic policy; false: the ODE, no noise after the "
                                            "start's.")
-    value_pooling: str = setting("mean", "How the value head pools the prefix's last-layer states: mean, first "
-                                         "or last token.")
+    value_input: str = setting("", "What the value head reads: expert (the mean of the expert's action-token "
+                                   "states at the stochastic step, detached) or prefix (the pooled prefix); empty: "
+                                   "pi0 expert, pi0.5 prefix, as RLinf's.")
+    value_pooling: str = setting("mean", "value_input=prefix: pool the prefix's last states by mean, first or last "
+                                         "token.")
     value_hidden: tuple[int, ...] = setting((512, 256, 128), "The value MLP's hidden widths (RLinf's).")
-    value_backprop: bool = setting(False, "Let the value loss train the prefix too.")
+    value_backprop: bool = setting(False, "Let the value loss train what the value head reads.")
+    value_learning_rate: float = setting(0.0, "The value head's learning rate (RLinf: 1e-4 beside the policy's "
+                                              "5e-6); 0: learning_rate.")
+    train_expert: bool = setting(True, "Train the action expert and the projections around it.")
     train_vision: bool = setting(False, "Train the vision tower and projector.")
     train_prefix: bool = setting(False, "Train the prefix's language model (RLinf trains the expert alone).")
-    max_language_tokens: int = setting(64, "Instructions are cut to this many tokens.")
-    dtype: str = setting("float32", "The model's dtype: float32, or bfloat16 (or float16) on a GPU.")
+    dtype: str = setting("float32", "The model's dtype: float32, or bfloat16 (openpi's float32 islands kept) on a "
+                                    "GPU.")
     lora_rank: int = setting(0, "Above 0: LoRA adapters of this rank train the prefix's language model (its own "
                                 "weights frozen; train_prefix must be false); 0: no adapters.")
     lora_alpha: float = setting(16.0, "LoRA alpha.")
     lora_dropout: float = setting(0.0, "LoRA dropout (0 keeps acting and training on one distribution).")
     lora_target_modules: tuple[str, ...] = setting(("q_proj", "k_proj", "v_proj", "o_proj"),
                                                    "The layers LoRA adapts, by name.")
-    lora_expert: bool = setting(False, "Adapt the action expert with LoRA too, its own weights frozen (for an "
-                                       "expert that comes trained); false: the expert trains whole.")
-    gradient_checkpointing: bool = setting(False, "Recompute the vision tower's, the prefix's and the expert's "
-                                                  "activations in the backward pass: less memory, more compute.")
+    lora_expert: bool = setting(False, "Adapt the action expert with LoRA too, its own weights frozen; false: the "
+                                       "expert trains whole (train_expert).")
+    gradient_checkpointing: bool = setting(False, "Recompute the prefix's and the expert's activations in the "
+                                                  "backward pass: less memory, more compute.")
     algorithm: str = "ppo"
     chunk_size: int = 5
     learning_rate: float = 3e-4
@@ -88,6 +113,13 @@ class FlowVLAConfig(ProblemConfig):
         check_choice("noise_method", self.noise_method, METHODS)
         check_choice("stochastic_steps", self.stochastic_steps, STOCHASTIC_STEPS)
         check_choice("value_pooling", self.value_pooling, VALUE_POOLINGS)
+        check_choice("variant", self.variant, VARIANTS)
+        check_choice("log_prob_reduction", self.log_prob_reduction, REDUCTIONS)
+        if self.value_input:
+            check_choice("value_input", self.value_input, VALUE_INPUTS)
+        check_range("action_horizon", self.action_horizon, low=0)
+        check_range("value_learning_rate", self.value_learning_rate, low=0)
+        check_range("delta_action_dims", self.delta_action_dims, low=0)
         check_choice("dtype", self.dtype, DTYPES)
         check_range("denoise_steps", self.denoise_steps, low=1)
         check_range("expert_width", self.expert_width, low=0)
@@ -105,7 +137,8 @@ class FlowVLAConfig(ProblemConfig):
 
     def sampler(self) -> FlowSamplerConfig:
         return FlowSamplerConfig(denoise_steps=self.denoise_steps, noise_method=self.noise_method,
-                                 noise_level=self.noise_level, stochastic_steps=self.stochastic_steps)
+                                 noise_level=self.noise_level, stochastic_steps=self.stochastic_steps,
+                                 log_prob_reduction=self.log_prob_reduction)
 
 
 class FlowVLAProblem(Problem):
@@ -122,7 +155,11 @@ class FlowVLAProblem(Problem):
         raise NotImplementedError
 
     def model_path(self) -> str:
-        return build_tiny_paligemma(self.corpus()) if self.config.model_path == "tiny" else self.config.model_path
+        c = self.config
+        if c.model_path != "tiny":
+            return c.model_path
+        return build_tiny_pi0(self.corpus(), TinyPi0Config(pi05=c.variant == "pi05", action_dim=c.action_width,
+                                                           action_horizon=c.action_horizon or c.chunk_size))
 
     @property
     def action_dim(self) -> int:
@@ -130,28 +167,38 @@ class FlowVLAProblem(Problem):
 
     def make_agent(self) -> FlowVLAAgent:
         c = self.config
-        state_dim = int(np.prod(self._spaces[0][self.STATE_KEY].shape))
         agent = FlowVLAAgent(
-            self.model_path(), action_dim=self.action_dim, chunk_size=c.chunk_size, state_dim=state_dim,
-            action_width=c.action_width, image_keys=self.IMAGE_KEYS, state_key=self.STATE_KEY,
-            language_key=self.LANGUAGE_KEY, oracle_key=c.oracle_key, sampler=c.sampler(),
-            expert_width=c.expert_width or None, noise_std_range=(c.noise_std_min, c.noise_std_max),
+            self.model_path(), action_dim=self.action_dim, chunk_size=c.chunk_size, image_keys=self.IMAGE_KEYS,
+            state_key=self.STATE_KEY, language_key=self.LANGUAGE_KEY, oracle_key=c.oracle_key, sampler=c.sampler(),
+            tokenizer_path=c.tokenizer_path, asset_id=c.asset_id, variant=c.variant, action_width=c.action_width,
+            action_horizon=c.action_horizon, expert_width=c.expert_width, max_token_len=c.max_token_len,
+            discrete_state_input=c.discrete_state_input or None, delta_action_dims=c.delta_action_dims,
+            noise_std_range=(c.noise_std_min, c.noise_std_max), value_input=c.value_input,
             value_pooling=c.value_pooling, value_hidden=c.value_hidden, value_backprop=c.value_backprop,
-            train_vision=c.train_vision, train_prefix=c.train_prefix, stochastic_eval=c.stochastic_eval,
-            max_language_tokens=c.max_language_tokens, dtype=c.dtype, lora=c.lora(), lora_expert=c.lora_expert,
+            train_expert=c.train_expert, train_vision=c.train_vision, train_prefix=c.train_prefix,
+            stochastic_eval=c.stochastic_eval, dtype=c.dtype, lora=c.lora(), lora_expert=c.lora_expert,
             gradient_checkpointing=c.gradient_checkpointing)
+        # The value head's own rate: make_optimizer gets this agent's parameters, not their names.
+        self._value_parameter_ids = {id(p) for p in agent.value_head.parameters()}
         return agent
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
-        trainable = [p for p in params if p.requires_grad]  # the frozen prefix has no optimizer state
-        return torch.optim.Adam(trainable, lr=self.config.learning_rate, eps=self.config.adam_eps,
-                                betas=self.config.adam_betas(), foreach=True)
+        """Adam on what trains (the frozen prefix has no optimizer state); the value head at
+        its own rate (value_learning_rate)."""
+        trainable = [p for p in params if p.requires_grad]
+        c = self.config
+        value = getattr(self, "_value_parameter_ids", set()) if c.value_learning_rate else set()
+        groups = [{"params": [p for p in trainable if id(p) not in value], "lr": c.learning_rate}]
+        if value:
+            groups.append({"params": [p for p in trainable if id(p) in value], "lr": c.value_learning_rate})
+        return torch.optim.Adam(groups, lr=c.learning_rate, eps=c.adam_eps, betas=c.adam_betas(), foreach=True)
 
     # ----- the policy over chunks -----
 
     def learner_action_specs(self) -> Specs:
         c = self.config
-        return (TensorSpec(CHAIN, np.dtype(np.float32), (c.denoise_steps + 1, c.chunk_size, c.action_width)),
+        horizon, width = chunk_shape(self.model_path(), c.action_width, c.action_horizon or c.chunk_size)
+        return (TensorSpec(CHAIN, np.dtype(np.float32), (c.denoise_steps + 1, horizon, width)),
                 TensorSpec(STOCHASTIC, np.dtype(bool), (c.denoise_steps,)))
 
     def select_actor_action(self, agent_output: AgentOutput, observation: Observation,

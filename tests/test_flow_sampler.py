@@ -128,26 +128,46 @@ def test_the_deterministic_sampler_is_the_ode_with_no_log_prob():
     expert = ToyExpert(4)
     noise = torch.randn(4, H, D)
     out = sample(FlowSamplerConfig(denoise_steps=5), expert, noise, MASK, deterministic=True)
-    x = noise * MASK
+    x = noise
     for step, t in enumerate(timesteps(5)[:-1]):
         v, _ = expert(x, torch.full((4,), float(t)), torch.arange(4))
-        x = (x - 0.2 * v) * MASK
+        x = x - 0.2 * v
         torch.testing.assert_close(out.chain[:, step + 1], x)
     assert not out.stochastic.any() and (out.log_prob == 0).all()
 
 
-def test_padded_dims_change_nothing():
-    """The expert never sees the padding: other values there give the same chunk and log-probs."""
+def test_padded_dims_carry_noise_as_openpis_but_count_in_no_log_prob():
+    """openpi keeps noise in every one of the model's action dims; the log-prob counts only
+    the entries its mask keeps: the task's dims, and here the first two actions of three
+    (the executed part of a chunk)."""
     expert = ToyExpert(8)
-    noise = torch.randn(8, H, D)
-    other = noise.clone()
-    other[..., REAL:] = torch.randn(8, H, D - REAL) * 100
-    config = FlowSamplerConfig(stochastic_steps="all")
-    first = sample(config, expert, noise, MASK, generator=torch.Generator().manual_seed(4))
-    second = sample(config, expert, other, MASK, generator=torch.Generator().manual_seed(4))
-    torch.testing.assert_close(first.chain, second.chain)
-    torch.testing.assert_close(first.log_prob, second.log_prob)
-    assert (first.chain[..., REAL:] == 0).all()
+    executed = torch.zeros(H, D)
+    executed[:2, :REAL] = 1
+    out = sample(FlowSamplerConfig(stochastic_steps="all"), expert, torch.randn(8, H, D), executed,
+                 generator=torch.Generator().manual_seed(4))
+    assert (out.chain[:, 1:, :, REAL:] != 0).all()
+    assert (out.log_prob[:, 2:] == 0).all() and (out.log_prob[..., REAL:] == 0).all()
+    assert (out.log_prob[:, :2, :REAL] != 0).all()
+    recomputed = chain_log_prob(FlowSamplerConfig(stochastic_steps="all"), expert, out.chain, out.stochastic, executed)
+    torch.testing.assert_close(recomputed, out.log_prob, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("stochastic_steps", ["one", "all"])
+def test_rlinfs_mean_reduction_averages_the_start_noise_and_the_stochastic_steps(stochastic_steps):
+    expert = ToyExpert(6)
+    summed, mean = (FlowSamplerConfig(denoise_steps=4, stochastic_steps=stochastic_steps, log_prob_reduction=r)
+                    for r in ("sum", "mean"))
+    noise = torch.randn(6, H, D)
+    a = sample(summed, expert, noise, MASK, generator=torch.Generator().manual_seed(5))
+    b = sample(mean, expert, noise, MASK, generator=torch.Generator().manual_seed(5))
+    torch.testing.assert_close(a.chain, b.chain)
+    start = torch.distributions.Normal(0.0, 1.0).log_prob(noise)
+    terms = 1 + a.stochastic.sum(1).view(-1, 1, 1)
+    torch.testing.assert_close(b.log_prob, (start + a.log_prob) / terms * MASK)
+    recomputed = chain_log_prob(mean, expert, b.chain, b.stochastic, MASK)
+    torch.testing.assert_close(recomputed, b.log_prob, atol=1e-4, rtol=0)
+    with pytest.raises(ValueError, match="log_prob_reduction"):
+        FlowSamplerConfig(log_prob_reduction="max")
 
 
 def test_the_gaussian_log_prob_is_torchs_and_zero_where_deterministic():

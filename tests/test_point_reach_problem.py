@@ -57,7 +57,8 @@ def test_actors_get_the_chunk_and_the_learner_keeps_the_chain():
     agent = problem.make_agent()
     batch, replies = real_unrolls(problem, agent)
     assert all(set(reply) == {"action"} and reply["action"].shape == (4, 4, 2) for reply in replies)
-    assert batch.action["chain"].shape == (3, 4, 6, 4, 8) and batch.action["stochastic"].shape == (3, 4, 5)
+    # pi0's chain at RLinf's 4 denoise steps: [T+1, envs, K+1, H, the model's action width].
+    assert batch.action["chain"].shape == (3, 4, 5, 4, 8) and batch.action["stochastic"].shape == (3, 4, 4)
     assert batch.behaviour_log_prob.shape == (3, 4, 4, 2)
     # Training recomputes the recorded log-probs from the recorded chains.
     with torch.no_grad():
@@ -66,11 +67,16 @@ def test_actors_get_the_chunk_and_the_learner_keeps_the_chain():
                                rtol=0)
 
 
+PI0 = "pi0.paligemma_with_expert."
+
+
 @pytest.mark.parametrize("hparams,trains,frozen", [
     ({"train_prefix": "false", "train_vision": "false"},
-     ("expert.", "action_in.", "action_out.", "time_mlp.", "state_token.", "value_head."), "paligemma."),
-    ({"train_vision": "false"}, ("paligemma.model.language_model.", "expert."), "paligemma.model.vision_tower."),
-    ({}, ("paligemma.model.language_model.", "paligemma.model.vision_tower."), None),  # point_reach's defaults
+     (PI0 + "gemma_expert.", "pi0.action_in_proj.", "pi0.action_out_proj.", "pi0.action_time_mlp_in.",
+      "pi0.state_proj.", "value_head."), PI0 + "paligemma."),
+    ({"train_vision": "false"}, (PI0 + "paligemma.model.language_model.", PI0 + "gemma_expert."),
+     PI0 + "paligemma.model.vision_tower."),
+    ({}, (PI0 + "paligemma.model.language_model.", PI0 + "paligemma.model.vision_tower."), None),  # the defaults
 ])
 def test_an_update_trains_only_what_trains_and_the_checkpoint_holds_it(hparams, trains, frozen):
     problem = point_reach(learning_rate=1e-2, **hparams)
@@ -87,7 +93,7 @@ def test_an_update_trains_only_what_trains_and_the_checkpoint_holds_it(hparams, 
     if frozen:
         assert not any(name.startswith(frozen) for name in changed)
     saved = set(agent.state_dict())
-    assert saved == {n for n in before if n in trainable or not n.startswith("paligemma.")} | {"base_fingerprint"}
+    assert saved == {n for n in before if n in trainable or not n.startswith("pi0.")} | {"base_fingerprint"}
     agent.load_state_dict(agent.state_dict())
     # An eval round's snapshot (whose state_dict is best.pt) saves the same, though nothing trains in it.
     from fleetrl.learner.eval_rounds import frozen_copy
@@ -98,11 +104,11 @@ def test_an_update_trains_only_what_trains_and_the_checkpoint_holds_it(hparams, 
 
 
 def test_a_mismatched_base_model_is_refused(tmp_path):
-    from fleetrl.agents.tiny_paligemma import TinyPaliGemmaConfig, build_tiny_paligemma
+    from fleetrl.agents.tiny_pi0 import TinyPi0Config, build_tiny_pi0
 
     problem = point_reach()
     agent = problem.make_agent()
-    other = build_tiny_paligemma(problem.corpus(), TinyPaliGemmaConfig(vision_layers=2), root=str(tmp_path))
+    other = build_tiny_pi0(problem.corpus(), TinyPi0Config(vision_layers=2, action_dim=8), root=str(tmp_path))
     stranger = point_reach(model_path=other).make_agent()
     with pytest.raises(ValueError, match=r"trained on another base model .* than " + str(other)):
         stranger.load_state_dict(agent.state_dict())
@@ -124,13 +130,14 @@ def test_teacher_forced_steps_play_the_oracles_chunk_and_train_on_it():
 
 
 @pytest.mark.parametrize("hparams", [{"lora_rank": 4, "lora_expert": "true", "train_prefix": "false"}, {}])
-def test_export_writes_a_folder_that_plays_the_same_chunks(tmp_path, python, hparams):
-    """launch.export --pretrained_dir on a checkpoint: the prefix loads with from_pretrained
-    (LoRA merged, no adapter left) and load_exported plays the same chunks for the same noise."""
+def test_export_writes_openpis_layout_that_plays_the_same_chunks(tmp_path, python, hparams):
+    """launch.export --pretrained_dir on a checkpoint: an openpi-layout folder (LoRA merged,
+    openpi's keys) that load_pi0 reads as any checkpoint, and load_exported plays the same
+    chunks and values for the same noise."""
     import os
     import subprocess
 
-    import transformers
+    from safetensors import safe_open
 
     from fleetrl.agents.flow_vla import load_exported
     from fleetrl.learner.checkpoint import CHECKPOINT_FORMAT, atomic_save
@@ -151,8 +158,9 @@ def test_export_writes_a_folder_that_plays_the_same_chunks(tmp_path, python, hpa
                              f"--output={tmp_path / 'model.pt'}", f"--pretrained_dir={exported}"],
                             capture_output=True, text=True, env={**os.environ})
     assert result.returncode == 0, result.stderr
-    prefix = transformers.PaliGemmaForConditionalGeneration.from_pretrained(exported, local_files_only=True)
-    assert not any("lora" in name for name in prefix.state_dict())
+    with safe_open(exported / "model.safetensors", "pt") as weights:
+        names = set(weights.keys())
+    assert "paligemma_with_expert.paligemma.lm_head.weight" in names and not any("lora" in n for n in names)
     loaded = load_exported(str(exported))
     assert not any("lora" in name for name in loaded.state_dict())
     agent.eval()
@@ -161,11 +169,10 @@ def test_export_writes_a_folder_that_plays_the_same_chunks(tmp_path, python, hpa
     batch = {k: torch.from_numpy(np.stack([o[k] for o in obs])) for k in obs[0]}
     noise = torch.randn(3, 4, 8)
     with torch.no_grad():
-        ours = agent.sample_chunks(agent.prefix(batch), batch, noise=noise)
-        theirs = loaded.sample_chunks(loaded.prefix(batch), batch, noise=noise)
-        torch.testing.assert_close(theirs.actions, ours.actions, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(loaded.value(loaded.prefix(batch)), agent.value(agent.prefix(batch)),
-                                   atol=1e-5, rtol=1e-5)
+        ours, our_value = agent.sample_chunks(batch, noise=noise)
+        theirs, their_value = loaded.sample_chunks(batch, noise=noise)
+    torch.testing.assert_close(theirs.actions, ours.actions, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(their_value, our_value, atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.slow
