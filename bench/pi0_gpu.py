@@ -1,0 +1,237 @@
+"""A real-size pi0.5 on a GPU: loading a checkpoint, denoising for the fleet, PPO updates.
+
+    python -m fleetrl.bench.pi0_gpu --folder=/tmp/pi05 --batch_sizes=1,8,64 --update_batch=32
+
+1. Writes a random-initialized pi0.5 at openpi's sizes (Gemma 2B prefix, 300M expert,
+   So400m SigLIP, horizon 10) as openpi's `model.safetensors` (every tensor bfloat16, the
+   tied embedding as the lm_head, the expert's lm_head too), unless the folder has one.
+2. Loads it with `load_pi0(dtype=bfloat16)` in fresh processes, to the CPU and to the GPU:
+   the time, peak host memory (ru_maxrss) against the file's size, and peak GPU memory.
+3. Denoises chunks (5 steps, 2 cameras and a 200-token prompt as LIBERO's) by batch size.
+4. PPO update samples/s through `FlowVLAAgent`: the expert trained alone (RLinf's
+   default), and with LoRA on the prefix as well.
+Figures print as they come; --size=tiny runs the same steps on a CPU in seconds.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import time
+
+import torch
+from absl import app, flags
+
+FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """Here, not at import: other benches define flags of the same names."""
+    flags.DEFINE_string("folder", "/tmp/fleetrl-pi05", "Where the checkpoint is written and read.")
+    flags.DEFINE_enum("size", "real", ["real", "tiny"], "openpi's sizes, or the fixture's tiny ones (a CPU check).")
+    flags.DEFINE_list("batch_sizes", ["1", "8", "64"], "Denoising batch sizes.")
+    flags.DEFINE_integer("denoise_steps", 5, "Denoise steps per chunk.")
+    flags.DEFINE_integer("update_batch", 32, "Samples (chunks) per PPO update.")
+    flags.DEFINE_integer("repeats", 5, "Timed repeats per figure (after one untimed).")
+    flags.DEFINE_integer("lora_rank", 32, "LoRA rank on the prefix for the second PPO figure.")
+
+
+def model_config(size: str):
+    from fleetrl.agents.pi0_model import GEMMA_VARIANTS, Pi0Config, SiglipSize
+
+    if size == "real":
+        return Pi0Config(pi05=True, action_horizon=10, max_token_len=200)
+    tiny = GEMMA_VARIANTS["dummy"]
+    return Pi0Config(pi05=True, paligemma=dataclasses.replace(tiny, vocab_size=1024),
+                     expert=dataclasses.replace(tiny, width=32, mlp_dim=64, vocab_size=1024),
+                     vision=SiglipSize(32, 2, 64, 2), action_horizon=10, max_token_len=200)
+
+
+def write_checkpoint(folder: str, size: str, device: str) -> float:
+    """openpi's layout, every tensor bfloat16; returns the seconds taken."""
+    from safetensors.torch import save_file
+
+    from fleetrl.agents.pi0_checkpoint import EMBEDDING, EXPERT_LM_HEAD, LM_HEAD
+    from fleetrl.agents.pi0_model import Pi0Model
+
+    started = time.perf_counter()
+    os.makedirs(folder, exist_ok=True)
+    config = model_config(size)
+    with torch.device(device):
+        model = Pi0Model(config).to(torch.bfloat16)
+    weights = {(LM_HEAD if k == EMBEDDING else k): v.to("cpu").contiguous() for k, v in model.state_dict().items()}
+    weights[EXPERT_LM_HEAD] = torch.zeros(config.paligemma.vocab_size, config.expert.width, dtype=torch.bfloat16)
+    del model
+    save_file(weights, os.path.join(folder, "model.safetensors"), metadata={"format": "pt"})
+    with open(os.path.join(folder, "config.json"), "w") as f:  # openpi's fields; the tiny one's sizes
+        raw = {"action_dim": 32, "action_horizon": 10, "paligemma_variant": "gemma_2b",
+               "action_expert_variant": "gemma_300m", "precision": "bfloat16"}
+        if size == "tiny":
+            raw.update(paligemma=dataclasses.asdict(config.paligemma), action_expert=dataclasses.asdict(config.expert),
+                       vision={"hidden_size": 32, "num_hidden_layers": 2, "intermediate_size": 64,
+                               "num_attention_heads": 2, "image_size": 224, "patch_size": 14})
+        json.dump(raw, f)
+    return time.perf_counter() - started
+
+
+LOAD_PROBE = """
+import json, sys, time, torch
+from fleetrl.agents.pi0_checkpoint import load_pi0
+from transformers.models.gemma import modeling_gemma
+from transformers.models.siglip import modeling_siglip
+device = sys.argv[2]
+if device == "cuda":
+    torch.zeros(1, device=device)
+def high_water_mark():  # this process's peak resident memory (ru_maxrss would carry the parent's over exec)
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+baseline = high_water_mark()  # Python, torch, transformers, CUDA
+started = time.perf_counter()
+model = load_pi0(sys.argv[1], dtype="bfloat16", device=device)
+if device == "cuda":
+    torch.cuda.synchronize()
+seconds = time.perf_counter() - started
+params = sum(p.numel() for p in model.parameters())
+print(json.dumps({"seconds": seconds, "baseline_bytes": baseline,
+                  "host_peak_bytes": high_water_mark(),
+                  "gpu_peak_bytes": torch.cuda.max_memory_allocated() if device == "cuda" else 0,
+                  "parameters": params}))
+"""
+
+
+def measure_load(folder: str, device: str) -> dict:
+    result = subprocess.run([sys.executable, "-c", LOAD_PROBE, folder, device], capture_output=True, text=True,
+                            env={**os.environ})
+    if result.returncode:
+        raise RuntimeError(result.stderr[-3000:])
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def timed(call, repeats: int) -> float:
+    call()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(repeats):
+        call()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return (time.perf_counter() - started) / repeats
+
+
+def observations(batch: int, device: str, tokens: int = 40) -> dict[str, torch.Tensor]:
+    """LIBERO-shaped: two 224 px cameras, an 8-dim state, an instruction of bytes."""
+    generator = torch.Generator().manual_seed(0)
+    text = b"put the black bowl on the plate and the cream cheese in the basket"[:tokens]
+    language = torch.zeros(batch, 128, dtype=torch.uint8)
+    language[:, :len(text)] = torch.tensor(list(text), dtype=torch.uint8)
+    return {"main_image": torch.randint(0, 255, (batch, 224, 224, 3), dtype=torch.uint8, generator=generator),
+            "wrist_image": torch.randint(0, 255, (batch, 224, 224, 3), dtype=torch.uint8, generator=generator),
+            "state": torch.randn(batch, 8, generator=generator), "language": language}
+
+
+def make_agent(folder: str, device: str, lora_rank: int):
+    from fleetrl.agents.flow_sampler import FlowSamplerConfig
+    from fleetrl.agents.flow_vla import BaseModel, FlowVLAAgent
+    from fleetrl.agents.lora import LoraSpec
+    from fleetrl.agents.pi0_checkpoint import load_pi0
+    from fleetrl.agents.pretrained_base import import_transformers
+    from fleetrl.agents.tiny_builds import byte_level_bpe
+
+    transformers = import_transformers("the bench")
+    # A byte-level tokenizer stands in for PaliGemma's (nothing downloads); ids stay in range.
+    bpe = byte_level_bpe(["put the black bowl on the plate"], 300, ("<pad>", "<bos>", "<eos>"), "the bench")
+    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<bos>",
+                                                     eos_token="<eos>")
+    model = load_pi0(folder, dtype="bfloat16", device=device)
+    agent = FlowVLAAgent(folder, action_dim=7, chunk_size=5, image_keys=("main_image", "wrist_image"),
+                         sampler=FlowSamplerConfig(denoise_steps=FLAGS.denoise_steps), dtype="bfloat16",
+                         lora=LoraSpec(lora_rank) if lora_rank else None,
+                         base=BaseModel(model, tokenizer, None)).to(device)
+    return agent
+
+
+def ppo_samples_per_s(agent, device: str) -> float:
+    """One PPO-shaped update: the recorded chains' log-prob under the current weights, the
+    clipped ratio against their behaviour log-prob, the value loss, backward and Adam."""
+    batch = FLAGS.update_batch
+    obs = observations(batch, device)
+    obs = {k: v.to(device) for k, v in obs.items()}
+    agent.train()
+    with torch.no_grad():
+        acted, _ = agent.step(obs, torch.ones(batch, dtype=torch.bool, device=device), ())
+    optimizer = torch.optim.Adam([p for p in agent.parameters() if p.requires_grad], lr=1e-6)
+    unroll_obs = {k: v.unsqueeze(0) for k, v in obs.items()}
+    recorded = {"chain": acted["chain"].unsqueeze(0), "stochastic": acted["stochastic"].unsqueeze(0)}
+    behaviour = acted["log_prob"].sum((-1, -2))
+
+    def update():
+        out, _ = agent.unroll(unroll_obs, torch.zeros(1, batch, dtype=torch.bool, device=device), (), recorded)
+        ratio = torch.exp(out["chain_log_prob"][0].sum((-1, -2)) - behaviour)
+        advantage = torch.ones_like(ratio)
+        loss = -torch.minimum(ratio * advantage, ratio.clamp(0.8, 1.2) * advantage).mean()
+        loss = loss + out["baseline"].square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+
+    return batch / timed(update, FLAGS.repeats)
+
+
+def report_update(what: str, agent, device: str) -> None:
+    try:
+        print(f"PPO update, {what}: {ppo_samples_per_s(agent, device):.1f} samples/s (batch {FLAGS.update_batch})")
+    except torch.cuda.OutOfMemoryError:
+        print(f"PPO update, {what}: out of GPU memory at batch {FLAGS.update_batch}")
+
+
+def main(argv) -> None:
+    del argv
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    folder = FLAGS.folder
+    print(f"device {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}), torch {torch.__version__}")
+    path = os.path.join(folder, "model.safetensors")
+    if not os.path.isfile(path):
+        seconds = write_checkpoint(folder, FLAGS.size, device)
+        print(f"wrote a random {FLAGS.size} pi0.5 in openpi's layout in {seconds:.1f} s")
+    file_bytes = os.path.getsize(path)
+    print(f"model.safetensors: {file_bytes / 2**30:.2f} GiB")
+    for target in ("cpu", device) if device == "cuda" else ("cpu",):
+        load = measure_load(folder, target)
+        added = load["host_peak_bytes"] - load["baseline_bytes"]
+        print(f"load_pi0 bfloat16 to {target}: {load['seconds']:.1f} s, {load['parameters'] / 1e9:.2f} B parameters, "
+              f"peak host {load['host_peak_bytes'] / 2**30:.2f} GiB ({load['baseline_bytes'] / 2**30:.2f} before "
+              f"loading; the load added {added / 2**30:.2f} GiB = {added / file_bytes:.2f}x the file), "
+              f"peak GPU {load['gpu_peak_bytes'] / 2**30:.2f} GiB")
+    agent = make_agent(folder, device, 0).eval()
+    for size in map(int, FLAGS.batch_sizes):
+        obs = {k: v.to(device) for k, v in observations(size, device).items()}
+        first = torch.ones(size, dtype=torch.bool, device=device)
+
+        def act():
+            with torch.no_grad():
+                agent.step(obs, first, ())
+
+        seconds = timed(act, FLAGS.repeats)
+        print(f"denoise {FLAGS.denoise_steps} steps, batch {size}: {size / seconds:.1f} chunks/s "
+              f"({1000 * seconds:.1f} ms a batch)")
+    if device == "cuda":
+        print(f"peak GPU memory so far {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    report_update("expert only", agent, device)
+    del agent
+    if device == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    agent = make_agent(folder, device, FLAGS.lora_rank)
+    report_update(f"expert + LoRA rank {FLAGS.lora_rank} on the prefix", agent, device)
+    if device == "cuda":
+        print(f"peak GPU memory in the LoRA update {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+
+
+if __name__ == "__main__":
+    define_flags()
+    app.run(main)
