@@ -136,7 +136,9 @@ class EvaluateConfig:
     """`launch.evaluate`: a checkpoint's greedy policy on the Problem's eval set, without a run."""
 
     checkpoint: str = setting("", "A checkpoint file (ckpt-*.pt or best.pt), or a run's logdir: its best.pt if "
-                                  "an eval round wrote one, else its latest checkpoint.")
+                                  "an eval round wrote one, else its latest checkpoint. Empty with --problem: the "
+                                  "Problem's agent as built, say a pretrained pi0.5 that --hparams=model_path=... "
+                                  "names.")
     problem: str = setting("", "The Problem; default: the checkpoint's. A subclass of the checkpoint's Problem (one "
                                "that renders, say) may play its weights.")
     allow_other_problem: bool = setting(False, "Let a --problem that is not the checkpoint's, nor a subclass of "
@@ -153,8 +155,9 @@ class EvaluateConfig:
     device: str = setting("cpu", "Torch device.")
 
     def __post_init__(self):
-        if not self.checkpoint:
-            raise ValueError("--checkpoint is required: a checkpoint file (ckpt-*.pt or best.pt) or a run's logdir")
+        if not self.checkpoint and not self.problem:
+            raise ValueError("--checkpoint is required: a checkpoint file (ckpt-*.pt or best.pt) or a run's logdir; "
+                             "or --problem with --hparams naming pretrained weights, to play them as they are")
         check_range("episodes", self.episodes, low=0)
         check_range("num_envs", self.num_envs, low=1)
         if self.record_format not in ("gif", "mp4"):

@@ -1,6 +1,7 @@
 """Evaluates a checkpoint without a training run:
 
     python -m fleetrl.launch.evaluate --checkpoint=runs/x/checkpoints/best.pt --episodes=100 [--record]
+    python -m fleetrl.launch.evaluate --problem=libero_flow_vla --hparams=model_path=/ckpt/pi05_libero,...
 
 Plays episodes 0 .. N-1 of the Problem's eval set (the same resets eval actors play) with
 the learner's own eval inference (`EvalInference`: deterministic actions, recurrent state
@@ -29,7 +30,7 @@ from fleetrl.launch.flags import define_flags, from_flags, run_main
 from fleetrl.learner.env_state_store import build_state_store
 from fleetrl.learner.eval_inference import EvalInference, EvalRequest
 from fleetrl.learner.inference import StepRequest
-from fleetrl.learner.saved_policy import load_policy
+from fleetrl.learner.saved_policy import load_policy, pretrained_policy
 from fleetrl.problems.hparams import parse_hparams
 from fleetrl.proto.run_ids import new_run_ids
 
@@ -87,8 +88,10 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     try:
         config = from_flags(EvaluateConfig)
-        policy = load_policy(config.checkpoint, parse_hparams(config.hparams or ""), config.problem, config.device,
-                             any_problem=config.allow_other_problem)
+        hparams = parse_hparams(config.hparams or "")
+        policy = (load_policy(config.checkpoint, hparams, config.problem, config.device,
+                              any_problem=config.allow_other_problem) if config.checkpoint
+                  else pretrained_policy(config.problem, hparams, config.device))
         path, checkpoint, problem, agent = policy.path, policy.checkpoint, policy.problem, policy.agent
         name = config.problem or checkpoint["problem"]
         if name != checkpoint["problem"]:
@@ -98,9 +101,9 @@ def main(argv: list[str]) -> int:
     except (ValueError, MissingExtra) as e:  # a bad flag, an unknown Problem, a checkpoint that does not fit
         logging.error("%s", e)
         return 2
-    print(f"evaluating {path}")
+    print(f"evaluating {path or 'the pretrained weights its hparams name'}")
     episodes = config.episodes or problem.num_eval_episodes()
-    output = config.output or os.path.splitext(path)[0] + "-eval"
+    output = config.output or (os.path.splitext(path)[0] + "-eval" if path else os.path.join("runs", f"{name}-eval"))
     recorder = (EpisodeRecorder(problem, output, config.record_episodes, config.record_fps, config.record_format)
                 if config.record else None)
     with torch.no_grad():
@@ -116,7 +119,7 @@ def main(argv: list[str]) -> int:
         stats = (np.mean(values), np.std(values), np.min(values), np.max(values))
         print(f"{n:<16} " + " ".join(f"{v:>10.3f}" for v in stats))
     os.makedirs(output, exist_ok=True)
-    report = {"problem": name, "hparams": policy.hparams, "checkpoint": os.path.abspath(path),
+    report = {"problem": name, "hparams": policy.hparams, "checkpoint": os.path.abspath(path) if path else None,
               "policy_version": checkpoint["policy_version"], "episodes": episodes,
               "metrics": {n: float(np.mean(v)) for n, v in table.items()}, "per_episode": per_episode}
     with open(os.path.join(output, "metrics.json"), "w") as f:

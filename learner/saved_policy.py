@@ -44,3 +44,12 @@ def load_policy(checkpoint: str, hparams: Mapping[str, str] | None = None, probl
     agent.load_state_dict(saved["model"])
     agent.eval()
     return SavedPolicy(path, saved, loaded, merged, agent)
+
+
+def pretrained_policy(problem: str, hparams: Mapping[str, str] | None = None,
+                      device: str | torch.device = "cpu") -> SavedPolicy:
+    """`problem`'s agent as `make_agent` builds it, no fleetrl checkpoint: a pretrained model
+    that its hparams name (a flow VLA's `model_path`, an openpi checkpoint) played as is."""
+    loaded = load_problem(problem, dict(hparams or {}))
+    agent = loaded.make_agent().to(device).eval()
+    return SavedPolicy("", {"problem": problem, "policy_version": 0}, loaded, dict(hparams or {}), agent)

@@ -1,8 +1,15 @@
-"""LIBERO with the flow-matching VLA (pi0-class), as RLinf fine-tunes pi0 on LIBERO.
+"""LIBERO with pi0 or pi0.5 (`fleetrl.agents.flow_vla`), played as openpi plays it and
+fine-tuned as RLinf does.
 
 Registered as `libero_flow_vla`: the `libero` Problem's tasks, simulator settings, eval
-set and metrics (`fleetrl.problems.libero_tasks`), with `fleetrl.agents.flow_vla` reading
-both cameras, the instruction and the 8-dim state, and denoising chunks of 7-dim actions.
+set and metrics (`fleetrl.problems.libero_tasks`). openpi's LIBERO protocol is the
+default: both cameras rendered at 256 px and rotated 180 degrees (the env), resized with
+pad to the model's 224 (the agent, as openpi's client); the 8-dim state (end-effector
+position, axis-angle, gripper joints); the task's language as the prompt; 10 wait steps
+of openpi's dummy action [0, 0, 0, 0, 0, 0, -1] after each reset (the env); the first 5
+actions of every denoised chunk executed (`chunk_size`, openpi's replan_steps), 7 env
+dims; the suites' step caps; 50 trials per task in eval. pi0_libero's delta actions need
+`--delta_action_dims=6` (pi05_libero has none). docs/flow_vla.md has the commands.
 
 The recipe: a few-shot warm start on LIBERO's released demonstrations
 (`--demo_files=a.hdf5,b.hdf5 --algorithm=supervised --teacher_forcing_fraction=1`: actors
@@ -30,8 +37,10 @@ from fleetrl.problems.libero_tasks import LiberoTasks, LiberoTasksConfig
 class LiberoFlowVLAConfig(FlowVLAConfig, LiberoTasksConfig):
     demo_files: tuple[str, ...] = setting((), "LIBERO demonstration files (HDF5) that actors replay instead of "
                                               "running the simulator: the supervised warm start's data.")
-    chunk_size: int = 5  # RLinf's LIBERO configs
-    learning_rate: float = 5e-5
+    chunk_size: int = 5  # openpi's replan_steps, RLinf's action_chunk
+    image_size: int = 256  # openpi's LIBERO client renders 256 and resizes with pad to the model's 224
+    learning_rate: float = 5e-6  # RLinf's policy rate; the value head's is value_learning_rate
+    value_learning_rate: float = 1e-4
 
     def __post_init__(self):
         super().__post_init__()

@@ -1,9 +1,10 @@
 """RL through the flow VLA's denoising chains, in the whole system.
 
-A tiny random PaliGemma with a flow-matching expert is warm-started on a noisy scripted
-expert (PointReach: it steers off its target by up to 75 degrees and curves in, so a tight
-time limit fails it), then PPO from that checkpoint must raise the eval success rate by 20
-points (or to 90%), each eval round 200 episodes of the deterministic ODE. Both stages are
+A tiny random pi0, and a tiny pi0.5 (the same class and loading code as real checkpoints),
+is warm-started on a noisy scripted expert (PointReach: it steers off its target by up to
+75 degrees and curves in, so a tight time limit fails it), then PPO from that checkpoint
+must raise the eval success rate by 20 points (or to 90%), each eval round 200 episodes of
+the deterministic ODE. Both stages are
 real runs of `launch.local`: a learner, actors and an eval actor.
 """
 
@@ -34,10 +35,16 @@ def trace(scalars: dict[str, list[float]], *tags: str, points: int = 12) -> str:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # two runs of about 2 minutes each here
-def test_ppo_from_a_noisy_expert_warm_start_raises_the_success_rate(tmp_path, local_run, monkeypatch):
+@pytest.mark.parametrize("variant", ["pi0", "pi05"])
+def test_ppo_from_a_noisy_expert_warm_start_raises_the_success_rate(tmp_path, local_run, monkeypatch, variant):
     monkeypatch.setenv("FLEETRL_CACHE", str(tmp_path / "models"))
     warm, rl = tmp_path / "warm", tmp_path / "rl"
-    process, tag = local_run.start(warm, *COMMON, "--algorithm=supervised", "--teacher_forcing_fraction=1",
+    # pi0.5 takes no continuous state: it reads the point's position from the prompt, in
+    # 256 bins (openpi's discrete state input), as the tiny vision tower barely locates it.
+    model = ("--variant=pi0",) if variant == "pi0" else ("--variant=pi05", "--discrete_state_input=true",
+                                                         "--max_token_len=48")
+    process, tag = local_run.start(warm, *COMMON, *model, "--algorithm=supervised",
+                                   "--teacher_forcing_fraction=1",
                                    "--expert_heading_error=75", "--total_env_steps=20000")
     code, output = local_run.finish(process, tag)
     assert code == 0, output
@@ -52,8 +59,8 @@ def test_ppo_from_a_noisy_expert_warm_start_raises_the_success_rate(tmp_path, lo
 
     # RLinf's sampler (flow_sde, one stochastic denoise step per sample); a lower rate than
     # the warm start's, and a warmup, so that a fresh Adam's first steps keep the warm start.
-    process, tag = local_run.start(rl, *COMMON, f"--init_checkpoint={warm}", "--num_eval_actors=1",
-                                   "--eval_episodes=200", "--learning_rate=1e-4",
+    process, tag = local_run.start(rl, *COMMON, *model, f"--init_checkpoint={warm}",
+                                   "--num_eval_actors=1", "--eval_episodes=200", "--learning_rate=1e-4",
                                    "--learning_rate_warmup_updates=20", "--target_eval_metric=0.9",
                                    "--total_env_steps=40000")
     code, output = local_run.finish(process, tag)

@@ -45,3 +45,43 @@ def test_a_warm_start_on_demonstrations_then_ppo_on_the_simulator(tmp_path, loca
     scalars = local_run.read_scalars(rl)
     assert {"loss/policy", "ppo/approx_kl", "episode/success_once"} <= set(scalars), sorted(scalars)
     assert set(scalars["episode/episode_len"]) == {8.0}  # 2 chunks of 4 actions, then truncation
+
+
+def test_the_agent_reads_libero_as_openpis_client_does(tmp_path):
+    """openpi's LIBERO client, computed here from robosuite's raw observation: both cameras
+    rotated 180 degrees and resized with pad (uint8) to the model's size, the state from the
+    end-effector's position, its quaternion as robosuite's axis-angle and the gripper's
+    joints, the task's language as the prompt; the agent's model inputs must be those."""
+    import numpy as np
+    from robosuite.utils.transform_utils import quat2axisangle
+
+    from fleetrl.agents.flow_vla import FlowVLAAgent
+    from fleetrl.agents.pi0_model import resize_with_pad
+    from fleetrl.agents.pi0_prompt import tokenize_prompts
+    from fleetrl.agents.tiny_pi0 import TinyPi0Config, build_tiny_pi0
+    from fleetrl.envs.libero.env import LiberoEnv
+
+    env = LiberoEnv("libero_spatial", (0, 1), image_size=256)
+    try:
+        env.reset(seed=0, options={"task_index": 1, "trial": 3})  # builds the task's simulator
+        raws, step = [], env._sim.step
+        env._sim.step = lambda action: raws.append(step(action)) or raws[-1]  # robosuite's own observations
+        obs, _ = env.reset(seed=0, options={"task_index": 1, "trial": 3})
+        raw = raws[-1][0]  # after the last wait step
+        language = env.suite.get_task(1).language
+    finally:
+        env.close()
+    model = build_tiny_pi0([language], TinyPi0Config(action_dim=8, action_horizon=5, max_token_len=32),
+                           root=str(tmp_path))
+    agent = FlowVLAAgent(model, action_dim=7, chunk_size=5, image_keys=("main_image", "wrist_image"))
+    inputs = agent.model_inputs({k: torch.from_numpy(np.asarray(v)[None]) for k, v in obs.items()})
+    size = agent.config.vision.image_size
+    for image, camera in zip(inputs.images, ("agentview_image", "robot0_eye_in_hand_image"), strict=True):
+        rotated = torch.from_numpy(np.ascontiguousarray(raw[camera][::-1, ::-1]))[None]
+        expected = resize_with_pad(rotated, size, size).permute(0, 3, 1, 2).float() / 255 * 2 - 1
+        assert torch.equal(image, expected), camera
+    state = np.concatenate([raw["robot0_eef_pos"], quat2axisangle(raw["robot0_eef_quat"]), raw["robot0_gripper_qpos"]])
+    np.testing.assert_allclose(inputs.state[0, :8].numpy(), state, atol=1e-5)
+    assert (inputs.state[0, 8:] == 0).all()  # zero-padded to the model's width
+    ids, mask = tokenize_prompts(agent.tokenizer, [language], 32)
+    assert torch.equal(inputs.tokens, torch.from_numpy(ids)) and torch.equal(inputs.token_mask, torch.from_numpy(mask))
