@@ -25,6 +25,8 @@ import time
 import torch
 from absl import app, flags
 
+from fleetrl.bench.flow_vla import seconds_per_call
+
 FLAGS = flags.FLAGS
 
 
@@ -111,18 +113,6 @@ def measure_load(folder: str, device: str) -> dict:
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
-def timed(call, repeats: int) -> float:
-    call()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    started = time.perf_counter()
-    for _ in range(repeats):
-        call()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-    return (time.perf_counter() - started) / repeats
-
-
 def observations(batch: int, device: str, tokens: int = 40) -> dict[str, torch.Tensor]:
     """LIBERO-shaped: two 224 px cameras, an 8-dim state, an instruction of bytes."""
     generator = torch.Generator().manual_seed(0)
@@ -179,7 +169,7 @@ def ppo_samples_per_s(agent, device: str) -> float:
         loss.backward()
         optimizer.step()
 
-    return batch / timed(update, FLAGS.repeats)
+    return batch / seconds_per_call(update, FLAGS.repeats)
 
 
 def report_update(what: str, agent, device: str) -> None:
@@ -216,7 +206,7 @@ def main(argv) -> None:
             with torch.no_grad():
                 agent.step(obs, first, ())
 
-        seconds = timed(act, FLAGS.repeats)
+        seconds = seconds_per_call(act, FLAGS.repeats)
         print(f"denoise {FLAGS.denoise_steps} steps, batch {size}: {size / seconds:.1f} chunks/s "
               f"({1000 * seconds:.1f} ms a batch)")
     if device == "cuda":

@@ -43,6 +43,9 @@ def test_ppo_from_a_noisy_expert_warm_start_raises_the_success_rate(tmp_path, lo
     # 256 bins (openpi's discrete state input), as the tiny vision tower barely locates it.
     model = ("--variant=pi0",) if variant == "pi0" else ("--variant=pi05", "--discrete_state_input=true",
                                                          "--max_token_len=48")
+    # pi0 reaches the 0.9 target well within 40k env steps; pi0.5 rose 0.2 -> 0.4 by 6k and
+    # to 0.7 by 18k (then 0.8 by 40k): its 20 points need no more than 20k.
+    ppo_budget = 40000 if variant == "pi0" else 20000
     process, tag = local_run.start(warm, *COMMON, *model, "--algorithm=supervised",
                                    "--teacher_forcing_fraction=1",
                                    "--expert_heading_error=75", "--total_env_steps=20000")
@@ -62,7 +65,7 @@ def test_ppo_from_a_noisy_expert_warm_start_raises_the_success_rate(tmp_path, lo
     process, tag = local_run.start(rl, *COMMON, *model, f"--init_checkpoint={warm}",
                                    "--num_eval_actors=1", "--eval_episodes=200", "--learning_rate=1e-4",
                                    "--learning_rate_warmup_updates=20", "--target_eval_metric=0.9",
-                                   "--total_env_steps=40000")
+                                   f"--total_env_steps={ppo_budget}")
     code, output = local_run.finish(process, tag)
     rounds = eval_rounds(rl)
     assert rounds[-1]["episodes"] == 200 and rounds[-1]["policy_version"] > 0, rounds
@@ -72,4 +75,6 @@ def test_ppo_from_a_noisy_expert_warm_start_raises_the_success_rate(tmp_path, lo
         f"warm start {start}, eval success {[r['success'] for r in rounds]}\nwarm start: "
         + trace(warm_scalars, "loss/teacher_forcing", "optim/grad_norm")
         + "\nPPO: " + trace(scalars, "ppo/approx_kl", "ppo/clip_fraction", "episode/return", "optim/grad_norm"))
-    assert code == 0, output  # 0: the target was reached (--target_eval_metric ends the run there)
+    # A clean end: 0 when --target_eval_metric ended the run, 1 when the step budget did first
+    # (pi0.5 short of 0.9 within its budget).
+    assert code == (0 if end >= 0.9 else 1), output

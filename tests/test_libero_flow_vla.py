@@ -1,5 +1,6 @@
-"""libero_flow_vla through the whole system with the tiny PaliGemma: a warm start on a
-demonstration file in LIBERO's layout (written here), then PPO on the real simulator."""
+"""libero_flow_vla through the whole system with the tiny pi0 (saved in openpi's layout and
+loaded as a real checkpoint is): a warm start on a demonstration file in LIBERO's layout
+(written here), then PPO on the real simulator; and the agent's reading of LIBERO."""
 
 import json
 
@@ -31,8 +32,9 @@ def test_a_warm_start_on_demonstrations_then_ppo_on_the_simulator(tmp_path, loca
     scalars = local_run.read_scalars(warm)
     assert "loss/teacher_forcing" in scalars and scalars["teacher_forcing/fraction"][-1] == 1.0, sorted(scalars)
     saved = torch.load(max((warm / "checkpoints").glob("ckpt-*.pt")), weights_only=True)
-    assert "base_fingerprint" in saved["model"] and not any(k.startswith("paligemma.model.vision_tower")
-                                                              for k in saved["model"])
+    assert "base_fingerprint" in saved["model"] and any(k.startswith("pi0.paligemma_with_expert.gemma_expert.")
+                                                          for k in saved["model"])
+    assert not any(k.startswith("pi0.paligemma_with_expert.paligemma.") for k in saved["model"])  # frozen
 
     rl = tmp_path / "rl"
     process, tag = local_run.start(rl, *common, f"--init_checkpoint={warm}", "--envs_per_actor=1",
