@@ -19,7 +19,14 @@ import torch
 
 from fleetrl.agents.pi0_checkpoint import EXPERT_LM_HEAD, LM_HEAD, keeps_float32, load_pi0, save_pi0
 from fleetrl.agents.pi0_model import CAMERAS, Pi0Inputs, resize_with_pad, time_embedding
-from fleetrl.agents.pi0_norm import discretize_state, find_norm_stats, normalize, read_norm_stats, unnormalize
+from fleetrl.agents.pi0_norm import (
+    Normalizer,
+    discretize_state,
+    find_norm_stats,
+    normalize,
+    read_norm_stats,
+    unnormalize,
+)
 
 FIXTURE = pathlib.Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "pi0_reference"
 pytestmark = pytest.mark.skipif(not FIXTURE.is_dir(), reason=f"the pi0 reference fixture is not at {FIXTURE} (it is "
@@ -126,6 +133,22 @@ def test_normalization_chains_match_openpis_figures():
     np.testing.assert_allclose(pi05, data["pi05_libero_unnormalized_actions32"], atol=1e-5)
     np.testing.assert_allclose(pi05[..., :7], data["pi05_libero_env_actions"], atol=1e-5)
     assert np.array_equal(discretize_state(data["quantile_state"]), data["pi05_discretized_state"])
+
+
+@pytest.mark.parametrize("name, quantile, delta", [("pi0", False, 6), ("pi05", True, 0)])
+def test_the_agents_torch_normalizer_makes_openpis_libero_chains(name, quantile, delta):
+    """The agent's path: the raw state normalized in, the model's chunk (its first 7 dims)
+    out to the env's actions, and an oracle's chunk back to the model's scale."""
+    data = np.load(FIXTURE / "normalization.npz")
+    stats = read_norm_stats(find_norm_stats(str(FIXTURE / "norm_stats_example")))
+    normalizer = Normalizer(stats, quantile=quantile, delta_dims=delta)
+    raw_state = torch.from_numpy(data["raw_state"])
+    state = normalizer.state(raw_state)
+    close(state, torch.from_numpy(data[f"{name}_libero_model_state"][:, :8]), "normalized state")
+    model = torch.from_numpy(data["model_actions"][..., :7])
+    env = normalizer.env_actions(model, raw_state)
+    close(env, torch.from_numpy(data[f"{name}_libero_env_actions"]), "env actions")
+    close(normalizer.model_actions(env, raw_state), model, "an oracle's chunk back in the model's scale")
 
 
 # ----- checkpoint layouts -----
