@@ -43,9 +43,9 @@ def test_ppo_from_a_noisy_expert_warm_start_raises_the_success_rate(tmp_path, lo
     # 256 bins (openpi's discrete state input), as the tiny vision tower barely locates it.
     model = ("--variant=pi0",) if variant == "pi0" else ("--variant=pi05", "--discrete_state_input=true",
                                                          "--max_token_len=48")
-    # pi0 reaches the 0.9 target well within 40k env steps; pi0.5 rose 0.2 -> 0.4 by 6k and
-    # to 0.7 by 18k (then 0.8 by 40k): its 20 points need no more than 20k.
-    ppo_budget = 40000 if variant == "pi0" else 20000
+    # pi0 reached the 0.9 target by 8k and 15k env steps in two runs; pi0.5 rose from 0.21
+    # and 0.24 to 0.41 and 0.40 by 5-9k, 0.71 and 0.64 by 13-16k (0.8 by 40k): 25k leaves a margin.
+    ppo_budget = 40000 if variant == "pi0" else 25000
     process, tag = local_run.start(warm, *COMMON, *model, "--algorithm=supervised",
                                    "--teacher_forcing_fraction=1",
                                    "--expert_heading_error=75", "--total_env_steps=20000")
