@@ -77,17 +77,30 @@ def main(argv: list[str]) -> int:
         summary = learner.run()
     except RankFailure as e:  # another learner rank died or hung: this one's checkpoint and logs are written
         logging.error("%s", e)
-        logging.flush()
-        sys.stdout.flush()
-        os._exit(4)  # now: the broken process group's threads can abort an ordinary interpreter exit
+        exit_now(4)
     logging.info("run ended: %s; %s env steps, %s episodes, mean return %.1f, %s trainer steps, %.0fs",
                  summary.reason, f"{summary.env_steps:,}", summary.episodes, summary.mean_episode_return,
                  summary.trainer_steps, summary.wall_s)
     if summary.final_checkpoint is None and config.rank == 0:  # rank 0 writes the checkpoints
         logging.error("the final checkpoint was NOT written (see the error above): a resume starts from %s",
                       learner.run_state.checkpoints.latest() or "scratch (no checkpoint was written)")
-        return 3
-    return 1 if summary.target_reached is False and not signalled else 0
+        code = 3
+    else:
+        code = 1 if summary.target_reached is False and not signalled else 0
+    if config.world_size > 1:
+        exit_now(code)
+    return code
+
+
+def exit_now(code: int) -> None:
+    """Exits a learner rank whose files are all written, skipping the interpreter's teardown:
+    there, objects that still hold torch.distributed's process groups (FSDP's meshes) are freed
+    while gloo's C++ threads run, which aborts the process (SIGABRT, "terminate called without an
+    active exception") about once in a dozen FSDP runs here."""
+    logging.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def run() -> None:
