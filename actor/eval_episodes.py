@@ -52,7 +52,7 @@ class Pending:
 class EvalEpisodes:
     def __init__(self, problem: Problem, num_envs: int, on_frame: FrameHook | None = None):
         self.problem = problem
-        self.envs = [problem.make_actor_env() for _ in range(num_envs)]
+        self.envs = [problem.make_eval_env() for _ in range(num_envs)]
         self._extra_specs = problem.extra_specs()
         self._on_frame = on_frame
         self._queue: list[int] = []

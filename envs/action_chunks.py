@@ -15,6 +15,11 @@ The last two travel to the learner as per-step extras (declared by `Problem.extr
 read by actors from the step's info under these names), so the learner can train with
 `reward_type=action_level` and mask the actions that never ran (see fleetrl.losses.chunks).
 A reset step carries none: zeros, and 0 actions executed.
+
+Only the chunk's last observation leaves the wrapper. An env whose observations cost much to
+make (a rendered camera) can skip the others: if it has an `observation_wanted` attribute,
+ActionChunks sets it before each action, False for all but the chunk's last. Such an env
+still hands out the observation of a step that ends its episode (fleetrl.envs.libero.env).
 """
 
 from __future__ import annotations
@@ -27,6 +32,8 @@ import numpy as np
 # The names of the per-step extras, in the step's info and in `UnrollBatch.extras`.
 ACTION_REWARDS = "action_rewards"  # [K] float32
 ACTIONS_EXECUTED = "actions_executed"  # int64
+# The hint an env may take: whether the next step's observation will be used.
+OBSERVATION_WANTED = "observation_wanted"
 
 
 def chunk_space(space: gym.Space, chunk_size: int) -> gym.Space:
@@ -55,7 +62,10 @@ class ActionChunks(gym.Wrapper):
         if chunk.shape[:1] != (self.chunk_size,):
             raise ValueError(f"expected a chunk of {self.chunk_size} actions, got shape {chunk.shape}")
         rewards = np.zeros(self.chunk_size, np.float32)
+        hinted = hasattr(self.env.unwrapped, OBSERVATION_WANTED)
         for k in range(self.chunk_size):
+            if hinted:
+                setattr(self.env.unwrapped, OBSERVATION_WANTED, k == self.chunk_size - 1)
             action = chunk[k].item() if chunk[k].ndim == 0 else chunk[k]
             obs, reward, terminated, truncated, info = self.env.step(action)
             rewards[k] = reward

@@ -69,7 +69,7 @@ def evaluate(problem, agent: torch.nn.Module, episodes: int, num_envs: int, devi
 
 def _check_recordable(problem) -> None:
     """Fails now, not after the first episode, when --record has nothing to draw."""
-    env = problem.make_actor_env()
+    env = problem.make_eval_env()
     try:
         obs, _ = env.reset(seed=problem.eval_reset(0)[0])
         observation = obs if isinstance(obs, dict) else {"observation": obs}

@@ -120,6 +120,11 @@ class Problem:
             env = TeacherForcingDraws(env, self.config.teacher_forcing_fraction)
         return env
 
+    def make_eval_env(self) -> gym.Env:
+        """The env as eval episodes play it (eval actors, launch.evaluate): `make_actor_env`,
+        unless eval must render or score under other settings than training."""
+        return self.make_actor_env()
+
     def num_eval_episodes(self) -> int:
         """The size of the eval set; override when the data decides it (a split's size)."""
         return self.config.eval_episodes

@@ -118,7 +118,7 @@ def test_the_members_of_a_group_share_each_reset_state(monkeypatch_module):
                                  max_episode_steps=1)
     envs = make_vector_env(make_env, num_envs=2, asynchronous=True, group_size=2, seed=5)
     try:
-        assert len({p.pid for p in envs.processes} | {os.getpid()}) == 3
+        assert len(set(envs.env_pids()) | {os.getpid()}) == 3
         _, info = envs.reset(seed=[0, 1])
         ids = [info["reset_state_id"].tolist()]
         for step in range(4):
@@ -131,3 +131,15 @@ def test_the_members_of_a_group_share_each_reset_state(monkeypatch_module):
         assert len({a for a, _ in ids}) > 1, ids  # and a new one each episode
     finally:
         envs.close()
+
+
+def test_episodes_per_task_keeps_a_task_for_that_many_episodes(monkeypatch_module):
+    env = LiberoEnv("libero_spatial", task_ids=(0, 1, 2), image_size=32, num_wait_steps=0, max_episode_steps=1,
+                    episodes_per_task=3)
+    try:
+        infos = [env.reset(seed=4)[1]] + [env.reset()[1] for _ in range(8)]  # seeded once, then drawing on
+        tasks = [info["task_id"] for info in infos]
+        assert [len(set(tasks[i:i + 3])) for i in (0, 3, 6)] == [1, 1, 1], tasks  # blocks of three
+        assert len({info["reset_state_id"] for info in infos}) > 3  # the init state is drawn every time
+    finally:
+        env.close()

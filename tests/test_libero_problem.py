@@ -32,6 +32,15 @@ def test_episode_metrics_report_success_per_task():
     assert metrics == {"success_once": 1.0, "episode_len": 37.0, "task_4/success": 1.0}
 
 
+def test_training_may_render_without_msaa_but_eval_always_renders_with_it():
+    problem = load_problem("libero", {"suite": "libero_10", "msaa": "False", "episodes_per_task": "4"})
+    train, evaluate = problem.make_actor_env(), problem.make_eval_env()
+    assert (train.unwrapped.msaa, evaluate.unwrapped.msaa) == (False, True)
+    assert train.unwrapped.episodes_per_task == 4 and train.unwrapped.soft_reset
+    with pytest.raises(ValueError, match="episodes_per_task"):
+        load_problem("libero", {"episodes_per_task": "0"})
+
+
 @pytest.mark.slow
 def test_a_learner_and_one_actor_train_on_real_libero_with_action_chunks(tmp_path, local_run):
     """The flags a user types (--suite, --task_ids, ... are the Problem's own); one env, so

@@ -15,15 +15,29 @@ Info, every step: `success` (this step), `success_once`, `return` and `episode_l
 and `task_id`; the last step's info is the episode's metrics, which a vector env with
 same-step autoreset hands back as `final_info` (see fleetrl.envs.vector).
 Action chunks: `fleetrl.envs.action_chunks.ActionChunks` plays [K, 7] chunks (chunk_step).
+
+Speed (docs/libero.md has the figures). On a CPU host rendering is most of a step, so the
+cameras render only for observations that leave the env: ActionChunks sets
+`observation_wanted` to False for all but a chunk's last action, and a reset renders only
+its last wait step (`fleetrl.envs.libero.camera_gate`; what leaves the env is bit-identical
+to rendering always, final frames included). Resets are soft: the simulator is built once
+per task and reset in place (`soft_reset`), with the gripper's stored command zeroed as a
+rebuild would. `render_every_step` renders as robosuite does by default, every camera at
+every step (for videos of every action). `episodes_per_task` > 1 keeps a task for that many episodes, which saves the
+rebuilds a task change costs, at the price of less mixed batches. `msaa=False` renders
+without multisampling (faster on CPUs; edges change by a few levels of 255).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import math
 
 import gymnasium as gym
 import numpy as np
 
+from fleetrl.envs.libero.camera_gate import CameraGate, set_msaa
 from fleetrl.envs.libero.config import prepare_libero
 from fleetrl.envs.libero.reset_states import ResetStates
 
@@ -59,9 +73,13 @@ def decode_language(data: np.ndarray) -> str:
 class LiberoEnv(gym.Env):
     def __init__(self, suite: str = "libero_10", task_ids: tuple[int, ...] = (), image_size: int = 128,
                  max_episode_steps: int | None = None, num_wait_steps: int = 10, reward_coef: float = 5.0,
-                 reward_once: bool = True, step_penalty: float = 0.0, ignore_terminations: bool = False):
+                 reward_once: bool = True, step_penalty: float = 0.0, ignore_terminations: bool = False,
+                 soft_reset: bool = True, msaa: bool = True, episodes_per_task: int = 1,
+                 render_every_step: bool = False):
         if suite not in SUITES:
             raise ValueError(f"unknown LIBERO suite {suite!r}; choose from {SUITES}")
+        if episodes_per_task < 1:
+            raise ValueError(f"episodes_per_task must be at least 1, got {episodes_per_task}")
         prepare_libero()
         from libero.libero import benchmark  # after prepare_libero: importing it reads the config
 
@@ -69,6 +87,10 @@ class LiberoEnv(gym.Env):
         self.max_episode_steps = max_episode_steps or MAX_EPISODE_STEPS[suite]
         self.reward_coef, self.reward_once, self.step_penalty = reward_coef, reward_once, step_penalty
         self.ignore_terminations = ignore_terminations
+        self.soft_reset, self.msaa, self.episodes_per_task = soft_reset, msaa, episodes_per_task
+        self.render_every_step = render_every_step
+        self.observation_wanted = True  # a hint for the next step only (ActionChunks sets it)
+        self._pinned_task, self._pinned_left = 0, 0
         self.suite = benchmark.get_benchmark_dict()[suite]()
         all_tasks = range(self.suite.get_num_tasks())
         self.task_ids = tuple(task_ids) or tuple(all_tasks)
@@ -79,6 +101,7 @@ class LiberoEnv(gym.Env):
         self.reset_states = ResetStates([len(s) for s in self._init_states])
         self._sim = None
         self._sim_task: int | None = None
+        self._gate: CameraGate | None = None
         image = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
         self.observation_space = gym.spaces.Dict({
             "main_image": image, "wrist_image": image,
@@ -93,15 +116,24 @@ class LiberoEnv(gym.Env):
         if self._sim_task != task:
             from libero.libero.envs import OffScreenRenderEnv
 
-            if self._sim is not None:
-                self._sim.close()
+            self.close()
             spec = self.suite.get_task(task)
             bddl = self.suite.get_task_bddl_file_path(task) if hasattr(self.suite, "get_task_bddl_file_path") \
                 else spec.bddl_file
+            # hard_reset=False: robosuite's constructor builds the simulator, and resets then
+            # keep it (LIBERO's default rebuilds it at every reset, the first one included).
             self._sim = OffScreenRenderEnv(bddl_file_name=bddl, camera_heights=self.image_size,
-                                           camera_widths=self.image_size)
+                                           camera_widths=self.image_size, hard_reset=not self.soft_reset)
             self._sim_task, self.language = task, spec.language
+            self._prepare_rendering()
+            release_free_memory()
         return self._sim
+
+    def _prepare_rendering(self) -> None:
+        """The camera gate and multisampling, set again after robosuite rebuilds (a hard reset)."""
+        self._gate = CameraGate(self._sim.env)
+        if not self.msaa:
+            set_msaa(self._sim.env, 0)
 
     def reset(self, *, seed=None, options=None):
         """options={"reset_state_id": i}, or {"task_index": t, "trial": j} (t indexes `task_ids`),
@@ -110,22 +142,52 @@ class LiberoEnv(gym.Env):
         options = options or {}
         if "task_index" in options:
             reset_state_id = self.reset_states.reset_state_id(int(options["task_index"]), int(options["trial"]))
+        elif "reset_state_id" in options:
+            reset_state_id = int(options["reset_state_id"])
         else:
-            reset_state_id = int(options.get("reset_state_id", self.np_random.integers(len(self.reset_states))))
+            reset_state_id = self._draw_reset_state()
         index, trial = self.reset_states.task_trial(reset_state_id)
         self.task = self.task_ids[index]
         sim = self._simulator(self.task)
         sim.seed(int(self.np_random.integers(2**31)))
+        zero_gripper_commands(sim.env)  # a rebuilt gripper starts from zero; a kept one remembers
+        self._render_next(False)
         sim.reset()
+        if not self.soft_reset:
+            self._prepare_rendering()  # robosuite rebuilt the simulator, its sensors and render context
+        self._render_next(self.num_wait_steps == 0)
         raw = sim.set_init_state(self._init_states[index][trial])
-        for _ in range(self.num_wait_steps):  # let objects settle, gripper open
+        for i in range(self.num_wait_steps):  # let objects settle, gripper open
+            self._render_next(i == self.num_wait_steps - 1)
             raw, _, _, _ = sim.step([0.0] * 6 + [OPEN_GRIPPER])
         self.steps, self.succeeded, self.episode_return, self.reset_state_id = 0, False, 0.0, reset_state_id
+        self.observation_wanted = True
         return self._observe(raw), {"task_id": self.task, "reset_state_id": reset_state_id}
+
+    def _render_next(self, wanted: bool) -> bool:
+        """Opens the cameras for the next simulator step if its images are wanted (always,
+        with render_every_step); whether they are open."""
+        self._gate.set(wanted or self.render_every_step)
+        return self._gate.open
+
+    def _draw_reset_state(self) -> int:
+        """A (task, init state) at random; with episodes_per_task N > 1, the task is drawn once
+        every N episodes and only the init state at each."""
+        if self.episodes_per_task == 1:
+            return int(self.np_random.integers(len(self.reset_states)))
+        if self._pinned_left == 0:
+            self._pinned_task = int(self.np_random.integers(self.reset_states.num_tasks))
+            self._pinned_left = self.episodes_per_task
+        self._pinned_left -= 1
+        trial = int(self.np_random.integers(self.reset_states.counts[self._pinned_task]))
+        return self.reset_states.reset_state_id(self._pinned_task, trial)
 
     def step(self, action):
         action = np.clip(np.asarray(action, np.float64).reshape(7), -1.0, 1.0)
+        render = self.observation_wanted or self.steps + 1 >= self.max_episode_steps  # or it truncates
+        render = self._render_next(render)
         raw, _, done, _ = self._sim.step(action.tolist())
+        self.observation_wanted = True
         self.steps += 1
         success = bool(done)
         paid = success and not (self.reward_once and self.succeeded)
@@ -134,6 +196,8 @@ class LiberoEnv(gym.Env):
         self.episode_return += reward
         terminated = success and not self.ignore_terminations
         truncated = not terminated and self.steps >= self.max_episode_steps
+        if terminated and not render:  # the episode's final observation leaves the env after all
+            raw = {**raw, **self._gate.render_closed_step()}
         info = {"success": success, "success_once": self.succeeded, "return": self.episode_return,
                 "episode_len": self.steps, "task_id": self.task, "reset_state_id": self.reset_state_id}
         return self._observe(raw), float(reward), terminated, truncated, info
@@ -148,4 +212,23 @@ class LiberoEnv(gym.Env):
     def close(self):
         if self._sim is not None:
             self._sim.close()
-            self._sim = None
+            self._sim, self._sim_task, self._gate = None, None, None
+
+
+def zero_gripper_commands(robosuite_env) -> None:
+    """Zeroes each gripper's stored command, as a rebuilt gripper has it: the Panda gripper
+    integrates its commands, so a soft reset would otherwise start from the last episode's."""
+    for robot in robosuite_env.robots:
+        grippers = robot.gripper.values() if isinstance(robot.gripper, dict) else [robot.gripper]
+        for gripper in grippers:
+            gripper.current_action = np.zeros_like(gripper.current_action)
+
+
+def release_free_memory() -> None:
+    """Hands the heap's free pages back to the system (glibc's malloc_trim): building a
+    simulator frees hundreds of MB in fragments that the process would otherwise keep."""
+    libc = ctypes.util.find_library("c")
+    if libc:
+        trim = getattr(ctypes.CDLL(libc), "malloc_trim", None)
+        if trim is not None:
+            trim(0)
