@@ -13,6 +13,7 @@ for the same actions.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -23,7 +24,10 @@ from fleetrl.actor.episode_tracker import EpisodeTracker
 from fleetrl.actor.extras import vector_extras
 from fleetrl.problems.base import Problem
 from fleetrl.proto import learner_pb2 as pb
+from fleetrl.proto.run_ids import new_run_ids
 from fleetrl.proto.tensors import encode_all
+
+log = logging.getLogger(__name__)
 
 
 def group_bounds(num_envs: int, num_groups: int, group_size: int = 1) -> list[tuple[int, int]]:
@@ -55,6 +59,7 @@ class EnvGroup:
         self.run_ids = run_ids
         self._extra_specs = problem.extra_specs()
         self._tracker = EpisodeTracker(self.size, problem)
+        self.env_restarts = 0
         self._sequence = 0  # numbers this group's steps, so the learner counts a resent one's episodes once
         obs, info = envs.reset(seed=[int(s) for s in first_reset_seeds])
         zeros = np.zeros(self.size, bool)
@@ -63,6 +68,14 @@ class EnvGroup:
     def act(self, env_actions: Any) -> None:
         """Steps the envs with the learner's actions and makes the next Step to send."""
         obs, reward, terminated, truncated, info = self.envs.step(env_actions)
+        restarted = getattr(self.envs, "restarted", ())  # a RestartingVectorEnv's dead env, begun again
+        if restarted:
+            log.warning("envs %s restarted after their process died: their episodes are lost, and new run ids "
+                        "make the learner drop their partial unrolls", [self.start + i for i in restarted])
+            self.run_ids = self.run_ids.copy()
+            self.run_ids[list(restarted)] = new_run_ids(len(restarted))
+            self._tracker.begin(list(restarted))
+            self.env_restarts += len(restarted)
         episodes = self._tracker.update(reward, terminated, truncated, info)
         for episode in episodes:
             episode.env_index += self.start

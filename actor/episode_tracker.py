@@ -24,6 +24,13 @@ class EpisodeTracker:
         self._resetting = np.ones(num_envs, bool)  # the first observation comes from reset
         self._problem = problem
 
+    def begin(self, envs: list[int]) -> None:
+        """These envs' last observation came from a reset outside the episode flow (an env
+        process started again): what they played so far is dropped."""
+        self._returns[envs] = 0.0
+        self._lengths[envs] = 0
+        self._resetting[envs] = True
+
     def update(self, rewards: np.ndarray, terminated: np.ndarray, truncated: np.ndarray,
                info: Mapping[str, Any]) -> list[pb.EpisodeStats]:
         """Accounts for one vector step; returns the stats of the episodes it ended."""

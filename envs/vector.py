@@ -23,6 +23,8 @@ from collections.abc import Callable
 import gymnasium as gym
 import numpy as np
 
+from fleetrl.envs.restarting_vector import RestartingVectorEnv
+
 
 class GroupResetSeeds(gym.Wrapper):
     """Resets from its own seed sequence, ignoring the seed it is given: members of a group
@@ -48,7 +50,9 @@ AUTORESET_MODES = {"next_step": gym.vector.AutoresetMode.NEXT_STEP,
 def make_vector_env(make_env: Callable[[], gym.Env], num_envs: int, asynchronous: bool = False,
                     group_size: int = 1, seed: int = 0, autoreset_mode: str = "next_step",
                     first_env: int = 0) -> gym.vector.VectorEnv:
-    """`asynchronous` runs each env in its own (spawned) process: worth it for heavy simulators only.
+    """`asynchronous` runs each env in its own (spawned) process: worth it for heavy simulators
+    only. With next-step autoreset that is a `RestartingVectorEnv`, which starts a dead env's
+    process again.
     `first_env`: these are envs [first_env, first_env + num_envs) of an actor's larger set (one
     of its env groups), and GRPO groups get the reset seeds they would get in the whole set."""
     if autoreset_mode not in AUTORESET_MODES:
@@ -64,6 +68,8 @@ def make_vector_env(make_env: Callable[[], gym.Env], num_envs: int, asynchronous
     else:
         fns = [make_env] * num_envs
     mode = AUTORESET_MODES[autoreset_mode]
+    if asynchronous and mode == gym.vector.AutoresetMode.NEXT_STEP:
+        return RestartingVectorEnv(fns, seed)  # the actor's: a dead env process is started again
     if asynchronous:
         # spawn, not fork: the actor already holds a gRPC channel and torch threads, which
         # a forked child must not inherit.

@@ -47,6 +47,7 @@ class EnvStateStore:
         self._state_template = state_template
         self.lock = threading.Lock()
         self.dropped_partial_unrolls = 0
+        self.restarted_envs = 0  # slots whose run id changed mid-stream: an actor restarted that env
         self._capacity = 0
         self._free: list[int] = []
         self._buffers: dict[str, torch.Tensor] = {}
@@ -98,6 +99,7 @@ class EnvStateStore:
             new_run = self._run_id[slots] != run_ids
             if new_run.any():
                 restarted = slots[new_run]
+                self.restarted_envs += int((self._run_id[restarted] != 0).sum())  # 0: the slot's first step
                 self.dropped_partial_unrolls += int((self._length[restarted] > 1).sum())
                 self._length[restarted] = 0
                 self._unrolls[restarted] = 0

@@ -224,6 +224,7 @@ class Learner:
         return {
             "learner/connected_actors": len(self.actors),
             "learner/dropped_partial_unrolls": self.store.dropped_partial_unrolls,
+            "learner/restarted_envs": self.store.restarted_envs,
             "learner/rejected_messages": self.service.rejected_messages,
             "learner/resent_steps": self.service.resent_steps,
             "learner/failed_checkpoint_writes": self.run_state.failed_checkpoint_writes,

@@ -3,6 +3,7 @@
 import json
 import os
 import pathlib
+import re
 import signal
 import socket
 import subprocess
@@ -137,3 +138,37 @@ def test_actors_wait_for_a_restarted_learner_which_resumes_and_then_stops_cleanl
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert checkpoints[-1].name == f"ckpt-{summary['trainer_steps']:010d}.pt"  # the final one
     assert summary["reason"] == "stopped by SIGTERM"
+
+
+def env_processes(actor: subprocess.Popen) -> list[int]:
+    """The actor's env processes (spawned by multiprocessing; not its resource tracker)."""
+    children = pathlib.Path(f"/proc/{actor.pid}/task/{actor.pid}/children").read_text().split()
+    commands = {pid: pathlib.Path(f"/proc/{pid}/cmdline").read_bytes() for pid in children}
+    return sorted(int(pid) for pid, command in commands.items()
+                  if b"spawn_main" in command and b"resource_tracker" not in command)
+
+
+@pytest.mark.slow
+def test_a_killed_env_process_ends_only_its_own_episode_and_the_episode_counts_stay_exact(fleet, tmp_path,
+                                                                                          eventually):
+    address = free_address()
+    learner = fleet.learner(address, "--problem=cartpole", "--seed=2", "--total_env_steps=40000",
+                            "--summary_interval_s=1")
+    actor = fleet.start("actor", "fleetrl.launch.actor", f"--learner_address={address}", "--actor_id=actor",
+                        "--num_envs=2", "--async_envs")
+    eventually(lambda: (s := status(address)) and s.env_steps >= 8000, 120, "the actor to step its envs")
+    envs = env_processes(actor)
+    assert len(envs) == 2, envs
+    os.kill(envs[1], signal.SIGKILL)
+    assert learner.wait(timeout=300) == 0, fleet.log("learner")
+    assert actor.wait(timeout=30) == 0, fleet.log("actor")  # the run went on to its end
+    assert "env 1's process died (exit code -9)" in fleet.log("actor")
+    assert "envs [1] restarted after their process died" in fleet.log("actor")
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["env_steps"] >= 40000
+    reached = int(re.search(r"\((\d+) episodes reached it\)", fleet.log("actor")).group(1))
+    assert summary["episodes"] == reached  # the lost episode was counted nowhere, every other once
+    events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})
+    events.Reload()
+    assert max(e.value for e in events.Scalars("learner/restarted_envs")) == 1
+    assert max(e.value for e in events.Scalars("learner/dropped_partial_unrolls")) >= 1
