@@ -1,77 +1,169 @@
-"""What one LIBERO actor can do on this machine: env steps/s and memory per env process.
+"""What one LIBERO actor's envs do on this machine: before and after the speed-ups, side by side.
 
-    python bench/libero_actor.py [--suite=libero_10] [--image_size=64] [--num_envs=1,2] [--steps=40]
+    python bench/libero_actor.py speed  [--suite=libero_10] [--image_size=64] [--chunks=40] [--rounds=2]
+    python bench/libero_actor.py resets [--suite=libero_10]
+    python bench/libero_actor.py memory [--episodes=100]
+    python bench/libero_actor.py render [--sizes=64,128,224,256]
 
-For each `num_envs` it builds the actor's vector env the way the actor does (in-process for
-one env, else one subprocess per env), plays random chunks of 5 actions for `--steps`
-agent steps after a warm-up, and prints actions/s (simulator steps), resets included, and
-each env process's resident memory now and at its peak (VmRSS, VmHWM).
+"before" is LIBERO's defaults, and fleetrl's until the speed-ups: a rebuild at every reset
+(twice on a task change), every camera rendered at every action and settling step, MSAA on.
+"after" is LiberoEnv's defaults (soft resets, only the observations that leave the env
+rendered, MSAA on); "after, pinned" adds episodes_per_task=10, "after, no MSAA" msaa=False.
+
+speed: the actor's env (chunks of 5) played with random chunks, 1 env in this process and
+2 in subprocesses (as the actor steps them), every setting once per round, rounds
+alternating, resets included (episodes capped at --max_episode_steps actions, a random
+task at each reset unless pinned). Prints actions/s.
+resets: seconds per reset keeping the task, and changing it.
+memory: resident memory of one env process (VmRSS) after the first reset, after 10 resets
+and after --episodes short episodes, before and after.
+render: milliseconds per camera image at each size, with MSAA and without: a step that
+renders both cameras less a step that renders none, halved.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import os
+import statistics
 import time
 
 import numpy as np
 
+from fleetrl.envs.action_chunks import ActionChunks
+from fleetrl.envs.libero.env import LiberoEnv
 from fleetrl.envs.vector import make_vector_env
-from fleetrl.problems import load_problem
+
+CHUNK = 5
+SETTINGS = {
+    "before": {"soft_reset": False, "render_every_step": True},
+    "after": {},
+    "after, pinned": {"episodes_per_task": 10},
+    "after, no MSAA": {"msaa": False},
+}
 
 
-def memory_gb(pid: int) -> tuple[float, float]:
-    """(resident now, resident peak) of `pid`, in GB."""
-    fields = {}
+def actor_env(suite: str, image_size: int, max_episode_steps: int, **settings) -> ActionChunks:
+    return ActionChunks(LiberoEnv(suite, image_size=image_size, max_episode_steps=max_episode_steps, **settings), CHUNK)
+
+
+def resident_gb(pid: int) -> float:
     with open(f"/proc/{pid}/status") as f:
         for line in f:
-            name, _, value = line.partition(":")
-            fields[name] = value.strip()
-    return int(fields["VmRSS"].split()[0]) / 1e6, int(fields["VmHWM"].split()[0]) / 1e6
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1e6
+    raise RuntimeError(f"no VmRSS for {pid}")
 
 
-def measure(problem, num_envs: int, steps: int) -> None:
-    asynchronous = problem.envs_in_subprocesses and num_envs > 1
-    envs = make_vector_env(problem.make_actor_env, num_envs, asynchronous)
-    rng = np.random.default_rng(0)
+def actions_per_s(make_env, num_envs: int, chunks: int, seed: int) -> float:
+    envs = make_vector_env(make_env, num_envs, asynchronous=num_envs > 1)
+    rng = np.random.default_rng(seed)
+    shape = (num_envs, CHUNK, 7)
     try:
-        started = time.perf_counter()
-        envs.reset(seed=list(range(num_envs)))
-        first_reset = time.perf_counter() - started
-        chunk_shape = (num_envs, *envs.single_action_space.shape)
-        envs.step(rng.uniform(-1, 1, chunk_shape).astype(np.float32))  # warm-up (numba compiles once)
-        actions, episodes, started = 0, 0, time.perf_counter()
-        for _ in range(steps):
-            _, _, terminated, truncated, info = envs.step(rng.uniform(-1, 1, chunk_shape).astype(np.float32))
-            actions += int(np.sum(info.get("actions_executed", problem.config.chunk_size)))
-            episodes += int(np.sum(terminated | truncated))
-        elapsed = time.perf_counter() - started
-        pids = [p.pid for p in envs.processes] if asynchronous else [os.getpid()]
-        memory = [memory_gb(pid) for pid in pids]
+        envs.reset(seed=[seed + i for i in range(num_envs)])
+        envs.step(rng.uniform(-1, 1, shape).astype(np.float32))  # warm-up: numba compiles once
+        actions, started = 0, time.perf_counter()
+        for _ in range(chunks):
+            _, _, _, _, info = envs.step(rng.uniform(-1, 1, shape).astype(np.float32))
+            actions += int(np.sum(info.get("actions_executed", 0)))  # absent when every env reset
+        return actions / (time.perf_counter() - started)
     finally:
         envs.close()
-    where = "subprocesses" if asynchronous else "in-process"
-    print(f"{num_envs} env(s), {where}: first reset {first_reset:.1f}s; {actions / elapsed:.1f} actions/s "
-          f"({steps * num_envs / elapsed:.2f} chunks/s, {episodes} episodes ended), over {elapsed:.0f}s")
-    for pid, (now, peak) in zip(pids, memory):
-        print(f"  env process {pid}: {now:.2f} GB resident, peak {peak:.2f} GB")
+
+
+def speed(args) -> None:
+    figures: dict[tuple[str, int], list[float]] = {}
+    for round_ in range(args.rounds):
+        for name, settings in SETTINGS.items():
+            make_env = functools.partial(actor_env, args.suite, args.image_size, args.max_episode_steps, **settings)
+            for num_envs in (1, 2):
+                rate = actions_per_s(make_env, num_envs, args.chunks, seed=100 * round_)
+                figures.setdefault((name, num_envs), []).append(rate)
+                print(f"round {round_}: {name:15s} {num_envs} env(s): {rate:6.1f} actions/s", flush=True)
+    print("\nactions/s, each round's figure:")
+    for num_envs in (1, 2):
+        base = statistics.mean(figures[("before", num_envs)])
+        for name in SETTINGS:
+            rates = figures[(name, num_envs)]
+            print(f"  {num_envs} env(s) {name:15s} " + ", ".join(f"{r:.1f}" for r in rates)
+                  + f"  ({statistics.mean(rates) / base:.1f}x before)")
+
+
+def resets(args) -> None:
+    for name in ("before", "after"):
+        env = LiberoEnv(args.suite, task_ids=(0, 1), image_size=args.image_size, **SETTINGS[name])
+        try:
+            env.reset(seed=0, options={"task_index": 0, "trial": 0})
+            kept, changed = [], []
+            for i in range(args.resets):
+                task = (i // 2 + 1) % 2  # changed, kept, changed, kept, ...
+                started = time.perf_counter()
+                env.reset(seed=i, options={"task_index": task, "trial": i + 1})
+                (kept if i % 2 else changed).append(time.perf_counter() - started)
+            print(f"{name:7s} reset keeping the task {statistics.mean(kept):.2f}s, changing it "
+                  f"{statistics.mean(changed):.2f}s (means of {len(kept)} and {len(changed)})", flush=True)
+        finally:
+            env.close()
+
+
+def memory(args) -> None:
+    for name in ("before", "after"):
+        make_env = functools.partial(actor_env, args.suite, args.image_size, CHUNK, **SETTINGS[name])
+        envs = make_vector_env(make_env, 1, asynchronous=True)  # one env process, as an actor's
+        chunk = np.zeros((1, CHUNK, 7), np.float32)
+        try:
+            envs.reset(seed=0)
+            pid = envs.env_pids()[0]
+            figures = [resident_gb(pid)]
+            for episode in range(1, args.episodes + 1):  # a chunk ends the episode, the next step resets
+                envs.step(chunk)
+                envs.step(chunk)
+                if episode == 10:
+                    figures.append(resident_gb(pid))
+            figures.append(resident_gb(pid))
+        finally:
+            envs.close()
+        print(f"{name:7s} resident GB: {figures[0]:.2f} after the first reset, {figures[1]:.2f} after 10 resets, "
+              f"{figures[2]:.2f} after {args.episodes} episodes", flush=True)
+
+
+def render(args) -> None:
+    for size in (int(s) for s in args.sizes.split(",")):
+        for msaa in (True, False):
+            env = LiberoEnv(args.suite, task_ids=(0,), image_size=size, msaa=msaa)
+            try:
+                env.reset(seed=0, options={"task_index": 0, "trial": 0})
+                action = np.zeros(7, np.float32)
+                times = {True: [], False: []}
+                for i in range(2 * args.repeats):
+                    wanted = bool(i % 2)
+                    env.observation_wanted = wanted
+                    started = time.perf_counter()
+                    env.step(action)
+                    times[wanted].append(time.perf_counter() - started)
+                per_camera = (statistics.median(times[True]) - statistics.median(times[False])) / 2
+                print(f"{size:4d} px, MSAA {'on ' if msaa else 'off'}: {1000 * per_camera:6.1f} ms per camera image "
+                      f"(a step without images {1000 * statistics.median(times[False]):.1f} ms)", flush=True)
+            finally:
+                env.close()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("what", choices=("speed", "resets", "memory", "render"))
     parser.add_argument("--suite", default="libero_10")
     parser.add_argument("--image_size", type=int, default=64)
-    parser.add_argument("--num_envs", default="1,2")
-    parser.add_argument("--steps", type=int, default=40)
-    parser.add_argument("--max_episode_steps", type=int, default=100)
+    parser.add_argument("--chunks", type=int, default=40, help="speed: timed chunks per setting")
+    parser.add_argument("--rounds", type=int, default=2, help="speed: rounds of every setting, alternating")
+    parser.add_argument("--max_episode_steps", type=int, default=100, help="speed: the episodes' cap, in actions")
+    parser.add_argument("--resets", type=int, default=6, help="resets: how many, half of them changing the task")
+    parser.add_argument("--episodes", type=int, default=100, help="memory: how many short episodes")
+    parser.add_argument("--sizes", default="64,128,224,256", help="render: image sizes")
+    parser.add_argument("--repeats", type=int, default=10, help="render: steps timed per size, each way")
     args = parser.parse_args()
-    problem = load_problem("libero", {"suite": args.suite, "image_size": str(args.image_size),
-                                      "max_episode_steps": str(args.max_episode_steps)})
-    print(f"LIBERO {args.suite}, {args.image_size}px main and wrist cameras, chunks of {problem.config.chunk_size}, "
-          f"episodes capped at {args.max_episode_steps} actions; {os.cpu_count()} CPUs, "
-          f"MUJOCO_GL={os.environ.get('MUJOCO_GL', 'egl')}")
-    for num_envs in (int(n) for n in args.num_envs.split(",")):
-        measure(problem, num_envs, args.steps)
+    print(f"LIBERO {args.suite}; {os.cpu_count()} CPUs, MUJOCO_GL={os.environ.get('MUJOCO_GL', 'egl')}", flush=True)
+    {"speed": speed, "resets": resets, "memory": memory, "render": render}[args.what](args)
 
 
 if __name__ == "__main__":
