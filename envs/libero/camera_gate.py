@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import mujoco
 import numpy as np
+
+if TYPE_CHECKING:  # mujoco comes with the libero extra; this module imports without it
+    import mujoco
 
 
 class CameraGate:
@@ -95,6 +97,8 @@ class _DataView:
 def set_msaa(robosuite_env: Any, samples: int) -> None:
     """Sets the offscreen multisampling (MuJoCo's default, 4, smooths edges and costs about 40%
     of a render on a CPU host; 0 turns it off) and rebuilds the render context's buffers."""
+    import mujoco
+
     sim = robosuite_env.sim
     sim.model._model.vis.quality.offsamples = samples
     context = sim._render_context_offscreen
