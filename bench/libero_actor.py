@@ -8,7 +8,8 @@
 "before" is LIBERO's defaults, and fleetrl's until the speed-ups: a rebuild at every reset
 (twice on a task change), every camera rendered at every action and settling step, MSAA on.
 "after" is LiberoEnv's defaults (soft resets, only the observations that leave the env
-rendered, MSAA on); "after, pinned" adds episodes_per_task=10, "after, no MSAA" msaa=False.
+rendered, MSAA on); "after, pinned" adds episodes_per_task=10, "after, no MSAA" msaa=False,
+"after, no asset cache" asset_cache=False.
 
 speed: the actor's env (chunks of 5) played with random chunks, 1 env in this process and
 2 in subprocesses (as the actor steps them), every setting once per round, rounds
@@ -42,6 +43,8 @@ SETTINGS = {
     "after, pinned": {"episodes_per_task": 10},
     "after, no MSAA": {"msaa": False},
 }
+MEMORY_SETTINGS = {"before": SETTINGS["before"], "after": {}, "after, no asset cache": {"asset_cache": False},
+                   "after, pinned": SETTINGS["after, pinned"]}
 
 
 def actor_env(suite: str, image_size: int, max_episode_steps: int, **settings) -> ActionChunks:
@@ -108,8 +111,8 @@ def resets(args) -> None:
 
 
 def memory(args) -> None:
-    for name in ("before", "after"):
-        make_env = functools.partial(actor_env, args.suite, args.image_size, CHUNK, **SETTINGS[name])
+    for name, settings in MEMORY_SETTINGS.items():
+        make_env = functools.partial(actor_env, args.suite, args.image_size, CHUNK, **settings)
         envs = make_vector_env(make_env, 1, asynchronous=True)  # one env process, as an actor's
         chunk = np.zeros((1, CHUNK, 7), np.float32)
         try:
@@ -124,7 +127,7 @@ def memory(args) -> None:
             figures.append(resident_gb(pid))
         finally:
             envs.close()
-        print(f"{name:7s} resident GB: {figures[0]:.2f} after the first reset, {figures[1]:.2f} after 10 resets, "
+        print(f"{name:21s} resident GB: {figures[0]:.2f} after the first reset, {figures[1]:.2f} after 10 resets, "
               f"{figures[2]:.2f} after {args.episodes} episodes", flush=True)
 
 

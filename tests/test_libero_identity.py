@@ -107,15 +107,15 @@ def test_a_success_on_a_step_whose_observation_was_not_wanted_hands_out_its_real
         fast.close()
 
 
-@pytest.mark.parametrize("suite, tasks, resets", [
-    ("libero_object", (0, 3), [(0, 0), (0, 9), (1, 5), (1, 6), (0, 2)]),
-    ("libero_goal", (4,), [(0, 11), (0, 30)]),
+@pytest.mark.parametrize("suite, tasks, resets, asset_cache", [
+    ("libero_object", (0, 3), [(0, 0), (0, 9), (1, 5), (1, 6), (0, 2)], False),  # built without cached assets
+    ("libero_goal", (4,), [(0, 11), (0, 30)], True),
 ])
-def test_a_soft_reset_starts_from_the_state_a_rebuild_starts_from(suite, tasks, resets):
+def test_a_soft_reset_starts_from_the_state_a_rebuild_starts_from(suite, tasks, resets, asset_cache):
     """The simulator's whole state (time, qpos, qvel) and the observation, after the wait
     steps, whatever episode came before (the previous one ends with the gripper closed)."""
     hard = LiberoEnv(suite, tasks, **settings(soft_reset=False))
-    soft = LiberoEnv(suite, tasks, **settings())
+    soft = LiberoEnv(suite, tasks, **settings(asset_cache=asset_cache))
     closing = np.array([0.3, -0.2, 0.1, 0.0, 0.0, 0.2, 1.0], np.float32)
     try:
         for task_index, trial in resets:
