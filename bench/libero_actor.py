@@ -16,8 +16,10 @@ speed: the actor's env (chunks of 5) played with random chunks, 1 env in this pr
 alternating, resets included (episodes capped at --max_episode_steps actions, a random
 task at each reset unless pinned). Prints actions/s.
 resets: seconds per reset keeping the task, and changing it.
-memory: resident memory of one env process (VmRSS) after the first reset, after 10 resets
-and after --episodes short episodes, before and after.
+memory: resident memory of an env process (VmRSS), each setting in a process of its own,
+over --episodes episodes of one chunk, the tasks taken in turn: measured whenever task 0
+was just reset (so every figure holds the same scene), after the first reset, after a
+round of the 10 tasks and at the end; "after, one task" resets task 0 only.
 render: milliseconds per camera image at each size, with MSAA and without: a step that
 renders both cameras less a step that renders none, halved.
 """
@@ -28,6 +30,8 @@ import argparse
 import functools
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import numpy as np
@@ -44,7 +48,7 @@ SETTINGS = {
     "after, no MSAA": {"msaa": False},
 }
 MEMORY_SETTINGS = {"before": SETTINGS["before"], "after": {}, "after, no asset cache": {"asset_cache": False},
-                   "after, pinned": SETTINGS["after, pinned"]}
+                   "after, one task": {"task_ids": (0,)}}
 
 
 def actor_env(suite: str, image_size: int, max_episode_steps: int, **settings) -> ActionChunks:
@@ -77,20 +81,22 @@ def actions_per_s(make_env, num_envs: int, chunks: int, seed: int) -> float:
 
 def speed(args) -> None:
     figures: dict[tuple[str, int], list[float]] = {}
+    names = args.settings.split(",") if args.settings else list(SETTINGS)
     for round_ in range(args.rounds):
-        for name, settings in SETTINGS.items():
+        for name in names:
+            settings = SETTINGS[name]
             make_env = functools.partial(actor_env, args.suite, args.image_size, args.max_episode_steps, **settings)
-            for num_envs in (1, 2):
+            for num_envs in (int(n) for n in args.num_envs.split(",")):
                 rate = actions_per_s(make_env, num_envs, args.chunks, seed=100 * round_)
                 figures.setdefault((name, num_envs), []).append(rate)
                 print(f"round {round_}: {name:15s} {num_envs} env(s): {rate:6.1f} actions/s", flush=True)
     print("\nactions/s, each round's figure:")
-    for num_envs in (1, 2):
-        base = statistics.mean(figures[("before", num_envs)])
-        for name in SETTINGS:
+    for num_envs in (int(n) for n in args.num_envs.split(",")):
+        base = statistics.mean(figures[(names[0], num_envs)])
+        for name in names:
             rates = figures[(name, num_envs)]
             print(f"  {num_envs} env(s) {name:15s} " + ", ".join(f"{r:.1f}" for r in rates)
-                  + f"  ({statistics.mean(rates) / base:.1f}x before)")
+                  + f"  ({statistics.mean(rates) / base:.1f}x {names[0]})")
 
 
 def resets(args) -> None:
@@ -111,24 +117,34 @@ def resets(args) -> None:
 
 
 def memory(args) -> None:
-    for name, settings in MEMORY_SETTINGS.items():
-        make_env = functools.partial(actor_env, args.suite, args.image_size, CHUNK, **settings)
-        envs = make_vector_env(make_env, 1, asynchronous=True)  # one env process, as an actor's
-        chunk = np.zeros((1, CHUNK, 7), np.float32)
-        try:
-            envs.reset(seed=0)
-            pid = envs.env_pids()[0]
-            figures = [resident_gb(pid)]
-            for episode in range(1, args.episodes + 1):  # a chunk ends the episode, the next step resets
-                envs.step(chunk)
-                envs.step(chunk)
-                if episode == 10:
-                    figures.append(resident_gb(pid))
-            figures.append(resident_gb(pid))
-        finally:
-            envs.close()
-        print(f"{name:21s} resident GB: {figures[0]:.2f} after the first reset, {figures[1]:.2f} after 10 resets, "
-              f"{figures[2]:.2f} after {args.episodes} episodes", flush=True)
+    """Each setting in a fresh process of its own, as an actor's env process."""
+    for name in MEMORY_SETTINGS:
+        subprocess.run([sys.executable, __file__, "memory_one", name, f"--suite={args.suite}",
+                        f"--image_size={args.image_size}", f"--episodes={args.episodes}"], check=True)
+
+
+def memory_one(args) -> None:
+    """Episodes of one chunk, the tasks taken in turn (0, 1, ..., 9, 0, ...), or task 0 only
+    ("one task"); the resident memory each time task 0 has just been reset: after the first
+    reset, after one round of the tasks, and after `--episodes` episodes."""
+    name = args.setting
+    settings = dict(MEMORY_SETTINGS[name])
+    tasks = settings.pop("task_ids", tuple(range(10)))
+    env = ActionChunks(LiberoEnv(args.suite, task_ids=tasks, image_size=args.image_size, max_episode_steps=CHUNK,
+                                 **settings), CHUNK)
+    chunk = np.zeros((CHUNK, 7), np.float32)
+    figures = []
+    try:
+        for episode in range(args.episodes + 1):
+            index = episode % len(tasks)
+            env.reset(seed=episode, options={"task_index": index, "trial": episode % 50})
+            if episode in (0, len(tasks), args.episodes):
+                figures.append(resident_gb(os.getpid()))
+            env.step(chunk)
+    finally:
+        env.close()
+    print(f"{name:21s} resident GB: {figures[0]:.2f} after the first reset, {figures[1]:.2f} after "
+          f"{len(tasks)} more, {figures[2]:.2f} after {args.episodes} episodes", flush=True)
 
 
 def render(args) -> None:
@@ -154,19 +170,25 @@ def render(args) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("what", choices=("speed", "resets", "memory", "render"))
+    parser.add_argument("what", choices=("speed", "resets", "memory", "render", "memory_one"))
+    parser.add_argument("setting", nargs="?", help="memory_one: which of the memory settings")
     parser.add_argument("--suite", default="libero_10")
     parser.add_argument("--image_size", type=int, default=64)
     parser.add_argument("--chunks", type=int, default=40, help="speed: timed chunks per setting")
     parser.add_argument("--rounds", type=int, default=2, help="speed: rounds of every setting, alternating")
+    parser.add_argument("--settings", default="", help="speed: which, comma-separated (default: all; the first "
+                        "is the baseline)")
+    parser.add_argument("--num_envs", default="1,2", help="speed: env counts")
     parser.add_argument("--max_episode_steps", type=int, default=100, help="speed: the episodes' cap, in actions")
     parser.add_argument("--resets", type=int, default=6, help="resets: how many, half of them changing the task")
     parser.add_argument("--episodes", type=int, default=100, help="memory: how many short episodes")
     parser.add_argument("--sizes", default="64,128,224,256", help="render: image sizes")
     parser.add_argument("--repeats", type=int, default=10, help="render: steps timed per size, each way")
     args = parser.parse_args()
-    print(f"LIBERO {args.suite}; {os.cpu_count()} CPUs, MUJOCO_GL={os.environ.get('MUJOCO_GL', 'egl')}", flush=True)
-    {"speed": speed, "resets": resets, "memory": memory, "render": render}[args.what](args)
+    if args.what != "memory_one":
+        print(f"LIBERO {args.suite}; {os.cpu_count()} CPUs, MUJOCO_GL={os.environ.get('MUJOCO_GL', 'egl')}",
+              flush=True)
+    {"speed": speed, "resets": resets, "memory": memory, "render": render, "memory_one": memory_one}[args.what](args)
 
 
 if __name__ == "__main__":
