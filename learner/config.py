@@ -79,6 +79,10 @@ class LearnerConfig:
                                                   "always written at the end. A restart on the same logdir "
                                                   "resumes from the latest.")
     checkpoint_every_steps: int = setting(0, "Also write one every this many trainer steps (0: off).")
+    record_unrolls: int = setting(0, "Write the first N training batches (observations, actions, rewards, dones, "
+                                     "behaviour log-probs, the loss's advantages and targets) to "
+                                     "<logdir>/recorded_unrolls.npz; `python -m fleetrl.launch.inspect FILE` reads "
+                                     "it (docs/debugging.md). 0: off.")
     keep_checkpoints: int = setting(3, "Periodic checkpoints kept in <logdir>/checkpoints (best.pt is kept apart).")
     best_metric: str | None = problem_setting("return", "Eval episode metric whose best round's weights go to "
                                                         "checkpoints/best.pt.")
@@ -111,7 +115,7 @@ class LearnerConfig:
                      "torch_threads", "max_actors", "max_envs_per_actor", "max_message_mb", "keep_checkpoints"):
             check_range(name, getattr(self, name), low=1)
         for name in ("inference_timeout_ms", "total_env_steps", "eval_interval_s",
-                     "checkpoint_interval_s", "checkpoint_every_steps"):
+                     "checkpoint_interval_s", "checkpoint_every_steps", "record_unrolls"):
             check_range(name, getattr(self, name), low=0)
         for name in ("summary_interval_s", "handshake_timeout_s", "stream_idle_timeout_s"):
             check_range(name, getattr(self, name), low=0, low_open=True)

@@ -1,4 +1,4 @@
-"""The Learner: builds the parts, serves actors, trains, and ends the run.
+"""The Learner: a `TrainingRun` served to actors over gRPC, trained on its own thread.
 
 Threads:
 - the server's event loop (`serving.LearnerServer`): every actor stream (`server.LearnerService`)
@@ -12,6 +12,10 @@ Threads:
 - the caller's thread, which runs the training loop below and writes checkpoints (`run_state`)
   and the run's config.json and summary.json (`run_files`).
 
+The parts (and the data path through them) are the `training_run.TrainingRun`'s; this
+class adds the transport and the threads. `fleetrl.launch.debug_run` drives the same
+parts from one thread instead.
+
 A learner started on a logdir that holds checkpoints resumes from the latest: weights,
 optimizer, counters and RNG states. Its TensorBoard writers purge what the previous
 process wrote after that checkpoint, so no curve steps back or repeats a step.
@@ -20,145 +24,28 @@ process wrote after that checkpoint, so no curve steps back or repeats a step.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import logging
-import math
-import os
 import sys
-import threading
 import time
 
-import torch
-
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.connected_actors import ConnectedActors
-from fleetrl.learner.data_parallel import DataParallel
-from fleetrl.learner.env_state_store import build_state_store
-from fleetrl.learner.eval_inference import EvalInference
-from fleetrl.learner.eval_results import EvalResults
-from fleetrl.learner.eval_rounds import EvalRounds, frozen_copy
-from fleetrl.learner.inference import InferenceStep, PolicyVersion
-from fleetrl.learner.inference_batcher import InferenceBatcher
-from fleetrl.learner.metrics import EpisodeWindow, RateMeter, ScalarMeans
 from fleetrl.learner.monitor import Monitor
-from fleetrl.learner.rank_sync import RankSync
-from fleetrl.learner.run_files import RunSummary, rank_logdir, write_run_config, write_summary
-from fleetrl.learner.run_state import RunState
-from fleetrl.learner.served_run import ServedRun
+from fleetrl.learner.run_files import RunSummary, write_summary
 from fleetrl.learner.server import LearnerService
 from fleetrl.learner.serving import LearnerServer
-from fleetrl.learner.sharded import ShardedAgent
-from fleetrl.learner.step_ledger import StepLedger
-from fleetrl.learner.stop_conditions import StopConditions
-from fleetrl.learner.summaries import TrainSummaries
-from fleetrl.learner.trainer import Trainer
-from fleetrl.learner.unroll_queue import UnrollQueue
-from fleetrl.losses.batch import Unroll
-from fleetrl.losses.lr_schedule import LearningRateSchedule
+from fleetrl.learner.training_run import TrainingRun
 from fleetrl.problems.base import Problem
-from fleetrl.problems.registry import load_problem
-from fleetrl.proto import learner_pb2 as pb
-
-log = logging.getLogger(__name__)
 
 
-class Learner:
-    # Each part is built after the parts it is handed, and no part is handed a callable that
-    # reads an attribute set later: a line moved above what it needs fails here, not mid-run.
+class Learner(TrainingRun):
     def __init__(self, config: LearnerConfig, problem: Problem | None = None):
-        self.config = config
-        torch.set_num_threads(config.torch_threads)
-        torch.manual_seed(config.seed)
-        self.device = torch.device(config.device)
-        self.ranks = DataParallel.of(config, self.device)  # None for one learner; docs/deployment.md
-        self.own_logdir = rank_logdir(config.logdir, config.rank)  # rank 0: the logdir; rank r: its rank<r>/
-        self.problem = problem or load_problem(config.problem, config.hparams)
-        self.agent = self.problem.make_agent().to(self.device)  # inference's (and, without FSDP, training's)
-        self.sharded = ShardedAgent.of(config, self.agent, self.ranks)  # None without --fsdp
-        self.optimizer = self.problem.make_optimizer((self.sharded.training if self.sharded else self.agent)
-                                                     .parameters())
-        self.lr_schedule = LearningRateSchedule(self.problem.config.learning_rate_schedule, config.total_env_steps,
-                                                self.problem.config.learning_rate_warmup_updates)
-        if self.problem.config.learning_rate_schedule != "constant" and not self.lr_schedule.decays:
-            log.warning("learning_rate_schedule=%s decays over --total_env_steps, and this run has none: the "
-                        "learning rate stays at %g", self.problem.config.learning_rate_schedule,
-                        self.problem.config.learning_rate)
-        self.policy = PolicyVersion()
-        self.stop = threading.Event()
-        self._reason = ""
-        self._started = time.monotonic()
-        self.episodes = EpisodeWindow(config.return_window)
-        self.scalars = ScalarMeans()
-        self._env_rate = RateMeter()
-        self.actors = ConnectedActors()
-
-        # Training: inference -> state store -> unroll hook -> unroll queue -> trainer.
-        self.trainer = Trainer(self.problem, self.agent, self.optimizer, self.policy, self.device,
-                               config.block_inference_on_training, config.seed, self.ranks, self.sharded)
-        if config.batch_size % self.trainer.minibatches:  # found now, not at the first update
-            raise ValueError(f"batch_size {config.batch_size} does not split into the Problem's "
-                             f"{self.trainer.minibatches} minibatches; change --batch_size or minibatches")
-        self.unroll_hook = self.trainer.algorithm.unroll_hook(self.problem.config)
-        self.unrolls = UnrollQueue(config.unroll_queue_size, self.stop)
-        self.store = build_state_store(self.problem, self.agent, config.unroll_length, self.device)
-        self.inference = InferenceStep(self.problem, self.agent, self.policy, self.store, self._emit_unroll,
-                                       self.device, config.inference_transfer)
-        self.batcher = InferenceBatcher(self.inference, len, config.inference_batch_size,
-                                        config.inference_timeout_ms / 1000, self.store.num_allocated,
-                                        functools.partial(self.actors.stepping, pb.TRAIN), name="inference")
-
-        # Evaluation: eval actors play rounds with frozen snapshots, through their own batcher.
-        self.eval_store = build_state_store(self.problem, self.agent, 0, self.device, record=False)
-        self.eval_inference = EvalInference(self.problem, self.eval_store, self.device, config.inference_transfer)
-        self.eval_batcher = InferenceBatcher(self.eval_inference, len, config.inference_batch_size,
-                                             config.inference_timeout_ms / 1000, self.eval_store.num_allocated,
-                                             functools.partial(self.actors.stepping, pb.EVAL), name="eval-inference")
-        self.eval_rounds = EvalRounds(self._eval_snapshot, self.problem.num_eval_episodes(), config.eval_interval_s)
-
-        self.step_ledger = StepLedger()
-        self.fleet = RankSync(config.world_size, lambda: self.inference.env_steps, self.episodes,
-                              config.return_window, [p for p in self.agent.parameters() if p.requires_grad],
-                              config.collective_timeout_s)
-        self.run_state = RunState(config, self.agent, self.optimizer, self.policy, self.inference, self.episodes,
-                                  self.step_ledger, self.eval_rounds, self.trainer.shuffle_generator, self.device,
-                                  self.fleet, self.sharded)
-        takes_records = self.problem.learner_writes_eval_records()  # eval actors send episode records
-        self.eval_results = EvalResults(self.own_logdir, config.best_metric, self.run_state,
-                                        self.problem.write_eval_records if takes_records else None)
-        self.resumed_from = self.run_state.resume_or_warm_start()
-        if self.ranks:  # every rank starts from rank 0's weights (a resume loaded the same ones everywhere)
-            self.ranks.broadcast_module(self.agent)
-        if self.sharded:
-            self.sharded.load_inference_weights()
-        self.stop_conditions = StopConditions(config, self.fleet, self.run_state)
-
-        self.service = LearnerService(ServedRun(
-            problem=config.problem, hparams=dict(config.hparams),
-            observation_specs=self.problem.observation_specs(), action_specs=self.problem.action_specs(),
-            extra_specs=self.problem.extra_specs(), episode_groups=self.problem.episode_groups(),
-            store=self.store, batcher=self.batcher, unroll_hook=self.unroll_hook, episodes=self.episodes,
-            step_ledger=self.step_ledger, scalars=self.scalars, run=self, actors=self.actors,
-            max_envs_per_actor=config.max_envs_per_actor,
-            max_message_bytes=config.max_message_mb * 1024 * 1024, handshake_timeout_s=config.handshake_timeout_s,
-            idle_timeout_s=config.stream_idle_timeout_s,
-            eval_idle_timeout_s=config.stream_idle_timeout_s + (config.eval_interval_s or 0),
-            eval_store=self.eval_store, eval_batcher=self.eval_batcher, eval_rounds=self.eval_rounds,
-            eval_results=self.eval_results,
-            check_episode_record=self.problem.check_episode_record if takes_records else None,
-        ), config.max_actors)
+        super().__init__(config, problem)
+        self.service = LearnerService(self.served, config.max_actors)
         self.server = LearnerServer(config, self.service)
         self.address = self.server.address
         self.authenticated = self.server.authenticated
 
-    # ----- the run -----
-
     def run(self) -> RunSummary:
-        os.makedirs(self.own_logdir, exist_ok=True)
-        run_config = write_run_config(self.config, self.problem, self.own_logdir)
-        summaries = TrainSummaries(self.own_logdir, self.scalars, self.inference, self.policy, self._gauges,
-                                   resumed=self.resumed_from is not None, config=run_config,
-                                   env_steps=lambda: self.fleet.counts().env_steps)
-        self.eval_results.open(resumed=self.resumed_from is not None)
+        summaries = self.open()
         self.server.start()  # and the batchers
         monitor = Monitor(self.stop, self.stop_conditions, self.finish, summaries, self.config.summary_interval_s,
                           self._started)
@@ -167,24 +54,13 @@ class Learner:
         try:
             while True:
                 # Unrolls waiting when the trainer comes back for more (at batch_size or above, the
-                # trainer is the bottleneck), and the share of its time spent waiting for data.
+                # trainer is the bottleneck).
                 self.scalars.add("learner/unroll_queue_size", self.unrolls.qsize())
                 started = time.monotonic()
-                batch = self.unrolls.get_batch(self.config.batch_size)
                 # With learner ranks, any rank's stop ends every rank at this same batch.
-                agreed = self.fleet.exchange(batch is None or self.stop.is_set(), self.run_state.checkpoint_due())
-                if agreed.stop:
-                    self.finish(self.stop_conditions.reason_to_stop() or "another learner rank stopped")
+                if not self.train_step(self.unrolls.get_batch(self.config.batch_size), started):
                     stopped_together = True
                     break
-                waited = time.monotonic() - started
-                if not self.config.train:
-                    continue
-                self.lr_schedule.apply(self.optimizer, self.fleet.counts().env_steps, self.policy.version)
-                self.scalars.add_all(self.trainer.update(batch))
-                self.scalars.add("learner/trainer_idle_fraction", waited / max(time.monotonic() - started, 1e-9))
-                if agreed.checkpoint:
-                    self.run_state.save()
         except BaseException as e:
             self.finish(f"error: {e!r}")
             raise
@@ -194,78 +70,10 @@ class Learner:
             if stopped_together:  # the fleet's final counts, once every rank has served its last step
                 self.fleet.exchange(stopping=True)
             monitor.join(timeout=10)
-            summaries.write()
-            # Under FSDP every rank takes part (the optimizer state is gathered), so not after a rank failed.
-            final_checkpoint = (self.run_state.save(together=stopped_together or not self.ranks)
-                                if stopped_together or not self.sharded else None)
-            summaries.close()
-            self.eval_results.close()
-            if self.ranks:
-                self.ranks.close(abandoned=sys.exc_info()[0] is not None)
+            final_checkpoint = self.close(summaries, stopped_together, failed=sys.exc_info()[0] is not None)
         summary = dataclasses.replace(self.summary(), final_checkpoint=final_checkpoint)
         write_summary(self.own_logdir, summary)
         return summary
 
-    def finish(self, reason: str) -> None:
-        """Ends the run: the first reason given is the one reported."""
-        if not self.stop.is_set():
-            self._reason = reason
-            self.stop.set()
-
-    def _emit_unroll(self, unroll: Unroll) -> bool:
-        """A finished unroll, through the algorithm's hook, to the trainer's queue; False once stopping."""
-        return all(self.unrolls.put(ready) for ready in self.unroll_hook.process(unroll))
-
-    def _eval_snapshot(self) -> tuple[torch.nn.Module, int]:
-        with self.policy.lock:
-            return frozen_copy(self.agent), self.policy.version
-
-    def _gauges(self) -> dict[str, float]:
-        return {
-            "learner/connected_actors": len(self.actors),
-            "learner/dropped_partial_unrolls": self.store.dropped_partial_unrolls,
-            "learner/restarted_envs": self.store.restarted_envs,
-            "learner/rejected_messages": self.service.rejected_messages,
-            "learner/resent_steps": self.service.resent_steps,
-            "learner/failed_checkpoint_writes": self.run_state.failed_checkpoint_writes,
-            "learner/failed_eval_writes": self.eval_results.failed_writes,
-            "learner/policy_version": self.policy.version,
-            "learner/episodes": self.fleet.counts().episodes,
-            **self.agent.inference_metrics(),  # a generating agent's tokens/s, say
-        }
-
-    # ----- what the service and launchers read (server.RunControl) -----
-
-    def policy_version(self) -> int:
-        return self.policy.version
-
-    def is_finished(self) -> bool:
-        return self.stop.is_set()
-
-    def finished_reason(self) -> str:
-        return self._reason
-
-    def status(self) -> pb.Status:
-        counts = self.fleet.counts()
-        steps = counts.env_steps
-        last_eval = self.eval_rounds.last
-        return pb.Status(
-            env_steps=steps, env_steps_per_s=self._env_rate.rate(steps), episodes=counts.episodes,
-            mean_episode_return=self.fleet.shown_return(), policy_lag=self.trainer.last_policy_lag,
-            trainer_steps=self.policy.version, connected_actors=len(self.actors),
-            finished=self.stop.is_set(), finished_reason=self._reason, uptime_s=time.monotonic() - self._started,
-            mean_inference_batch_size=self.inference.batch_envs / max(self.inference.batches, 1),
-            eval_policy_version=last_eval.policy_version if last_eval else 0,
-            eval_mean_return=last_eval.metrics.get("return", math.nan) if last_eval else math.nan,
-            eval_rounds=self.eval_rounds.completed, return_window=self.config.return_window,
-            resent_steps=self.service.resent_steps,
-        )
-
-    def summary(self) -> RunSummary:
-        return RunSummary(
-            reason=self._reason, env_steps=self.fleet.counts().env_steps, episodes=self.fleet.counts().episodes,
-            mean_episode_return=self.fleet.shown_return(), return_window=self.config.return_window,
-            trainer_steps=self.policy.version,
-            wall_s=time.monotonic() - self._started,
-            target_reached=self._reason.startswith("target reached") if self.stop_conditions.has_target else None,
-        )
+    def gauges(self) -> dict[str, float]:
+        return {**super().gauges(), "learner/rejected_messages": self.service.rejected_messages}

@@ -29,12 +29,10 @@ import grpc
 import numpy as np
 
 from fleetrl.learner.connected_actors import ActorStream
-from fleetrl.learner.eval_inference import EvalRequest
-from fleetrl.learner.inference import StepRequest
 from fleetrl.learner.inference_batcher import BatcherStopped
-from fleetrl.learner.served_run import ServedRun, episode_tag
-from fleetrl.learner.wire_messages import Episode, UnreadableMessage, WireDecoder, actor_message_reader
-from fleetrl.problems.base import TRAIN
+from fleetrl.learner.served_run import ServedRun
+from fleetrl.learner.step_intake import StepIntake
+from fleetrl.learner.wire_messages import UnreadableMessage, actor_message_reader
 from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
@@ -54,7 +52,7 @@ class StreamRejected(Exception):
 class LearnerService(pb_grpc.LearnerServicer):
     def __init__(self, run: ServedRun, max_actors: int):
         self.run = run
-        self.decoder = WireDecoder(run)
+        self.intake = StepIntake(run)
         self.max_actors = max_actors
         self._open_streams = 0  # handshaken or not; at most max_actors
         self.rejected_messages = 0  # read by other threads: an int
@@ -142,7 +140,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         if first is None:
             return None
         handshake = first.handshake
-        refusal = self.decoder.check_handshake(handshake)
+        refusal = self.intake.decoder.check_handshake(handshake)
         if refusal:
             raise StreamRejected(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         evaluating = handshake.mode == pb.EVAL
@@ -192,12 +190,14 @@ class LearnerService(pb_grpc.LearnerServicer):
                     "handshake repeated: a stream has exactly one handshake, as its first message"
                     if kind == "handshake" else kind))
             try:
-                request, episodes = self.decoder.decode_step(message.step, slots, num_envs)
                 if evaluating:
-                    future = await self._submit_eval(actor, request, episodes)
+                    request, episodes = self.intake.decode_eval(message.step, slots, num_envs)
+                    # A round's end writes its results: off the loop.
+                    take = self.intake.eval_request
+                    future = self.run.eval_batcher.submit(await asyncio.to_thread(take, actor, request, episodes)
+                                                          if episodes else take(actor, request, episodes))
                 else:
-                    new = self.run.step_ledger.take(int(request.run_ids[0]), message.step.sequence)
-                    future = self._submit(request, episodes if new else [])
+                    future = self.run.batcher.submit(self.intake.train_request(message.step, slots, num_envs))
             except WireError as e:
                 raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: {e}") from None
             start = time.monotonic()
@@ -245,39 +245,6 @@ class LearnerService(pb_grpc.LearnerServicer):
         if isinstance(message, UnreadableMessage):
             return message.reason
         return message.WhichOneof("kind") or "an empty ActorMessage: set its handshake or its step"
-
-    def _submit(self, request: StepRequest, episodes: list[Episode]) -> asyncio.Future:
-        """Training episodes go to their group's summaries (see `episode_tag`); the "train"
-        ones also to the recent-return window. A resent step comes with none (see StepLedger)."""
-        for episode in episodes:
-            for name, value in episode.metrics.items():
-                if name == "return":
-                    self.run.scalars.add_with_spread(episode_tag(episode.group, name), value)
-                else:
-                    self.run.scalars.add(episode_tag(episode.group, name), value)
-        self.run.episodes.extend(e.metrics for e in episodes if e.group == TRAIN)
-        return self.run.batcher.submit(request)
-
-    async def _submit_eval(self, actor_id: str, request: StepRequest, episodes: list[Episode]) -> asyncio.Future:
-        """Eval episodes go to their round, not to train/; actions come from the round's snapshot."""
-        if episodes:  # a round's end writes its results: off the loop
-            await asyncio.to_thread(self._record_eval_episodes, actor_id, episodes)
-        snapshot = self.run.eval_rounds.agent_for(actor_id)
-        if snapshot is None:
-            raise WireError("an eval step before any eval work: call GetEvalWork first")
-        return self.run.eval_batcher.submit(EvalRequest(request, snapshot[0]))
-
-    def _record_eval_episodes(self, actor_id: str, episodes: list[Episode]) -> None:
-        for episode in episodes:
-            if episode.eval_episode is None:
-                raise WireError(f"finished_episodes: env {episode.env} of an eval actor gives no eval_episode")
-            try:
-                result = self.run.eval_rounds.record(actor_id, episode.eval_episode, episode.metrics, episode.images,
-                                                     episode.record)
-            except ValueError as e:
-                raise WireError(f"finished_episodes: {e}") from None
-            if result is not None and self.run.eval_results is not None:
-                self.run.eval_results(result)
 
     async def _abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
         """Ends the call with `code`, counted as a rejection. gRPC's abort raises; should a

@@ -31,6 +31,7 @@ from fleetrl.learner.data_parallel import DataParallel
 from fleetrl.learner.inference import PolicyVersion
 from fleetrl.learner.sharded import ShardedAgent, whole
 from fleetrl.learner.state_trust_region import StateTrustRegion
+from fleetrl.learner.unroll_recorder import UnrollRecorder
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.base import Problem
 
@@ -47,9 +48,11 @@ class Step:
 class Trainer:
     def __init__(self, problem: Problem, agent: Agent, optimizer: torch.optim.Optimizer,
                  policy: PolicyVersion, device: torch.device, block_inference_on_training: bool = False,
-                 seed: int = 0, data_parallel: DataParallel | None = None, sharded: ShardedAgent | None = None):
+                 seed: int = 0, data_parallel: DataParallel | None = None, sharded: ShardedAgent | None = None,
+                 recorder: UnrollRecorder | None = None):
         """`agent` is the model inference uses; with `sharded`, the trainer steps its
-        sharded twin, which `optimizer` holds."""
+        sharded twin, which `optimizer` holds. `recorder` takes the first batches with the
+        loss's targets (--record_unrolls)."""
         self.problem = problem
         self.sharded = sharded
         self.agent = sharded.training if sharded else agent
@@ -65,6 +68,7 @@ class Trainer:
         # Agents that keep no input statistics skip the hook, and the lock it takes, each batch.
         self._keeps_statistics = type(agent).update_statistics is not Agent.update_statistics
         self._parameters = list(self.agent.parameters())  # walking the module tree each step costs more than the clip
+        self.recorder = recorder
         self.data_parallel = data_parallel  # learner ranks: gradients and early stops agreed across them
         max_state_kl = problem.config.max_state_kl
         if max_state_kl is not None and data_parallel is not None and data_parallel.world_size > 1:
@@ -92,6 +96,9 @@ class Trainer:
                 with self.policy.lock:  # inference reads the statistics too; the lock is reentrant
                     self.agent.update_statistics(batch.observation)
             prepared = self.algorithm.prepare(self.problem, batch)
+            if self.recorder is not None and self.recorder.wants_more:
+                self.recorder.add(batch, self.algorithm.targets(self.problem, self.agent, batch, prepared),
+                                  prepared["valid"])
             if self.problem.config.anchor_kl_cost > 0 or self.trust_region:
                 before_logits = self._policy_logits(batch)
                 if self.problem.config.anchor_kl_cost > 0:

@@ -47,7 +47,7 @@ from fleetrl.losses.ppo import APPROX_KL, categorical_kl, ppo_loss
 from fleetrl.losses.training_problem import TrainingProblem
 from fleetrl.losses.transitions import transitions
 from fleetrl.losses.unroll_hook import UnrollHook
-from fleetrl.losses.vtrace import vtrace_loss
+from fleetrl.losses.vtrace import vtrace_loss, vtrace_returns
 
 Prepared = dict[str, torch.Tensor]  # [T, B] per-transition tensors
 
@@ -76,6 +76,11 @@ class Algorithm:
         forced = batch.extras.get(TEACHER_FORCING)
         return {"rewards": steps.rewards, "discounts": steps.discounts, "valid": steps.valid,
                 "teacher": torch.zeros_like(steps.valid) if forced is None else forced[:-1].float()}
+
+    def targets(self, problem: TrainingProblem, agent: Agent, batch: UnrollBatch, prepared: Prepared) -> Prepared:
+        """The advantages and value targets the loss trains on, [T, B], for people to read
+        (`--record_unrolls`): those `prepare` computed, when it computes them."""
+        return {k: prepared[k] for k in ("advantages", "returns") if k in prepared}
 
     def loss(self, problem: TrainingProblem, agent: Agent, batch: UnrollBatch, prepared: Prepared) -> LossResult:
         outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state, batch.action)
@@ -115,6 +120,19 @@ class VTrace(Algorithm):
             raise ValueError("vtrace takes one reward and one log-prob per step: with action chunks use "
                              "reward_type=chunk_level and logprob_type=chunk_level, or algorithm=ppo")
         return super().prepare(problem, batch)
+
+    @torch.no_grad()
+    def targets(self, problem, agent, batch, prepared):
+        """V-trace's targets depend on the policy being trained: these are the current weights'."""
+        outputs, _ = agent.unroll(batch.observation, batch.first, batch.initial_state, batch.action)
+        target_log_probs = per_step(batch.extras, problem.action_log_prob(outputs, batch.action), "chunk_level")
+        behaviour_log_probs = per_step(batch.extras, batch.behaviour_log_prob, "chunk_level")
+        values, config = outputs["baseline"], problem.config
+        returns = vtrace_returns(target_log_probs[:-1] - behaviour_log_probs[:-1], prepared["discounts"],
+                                 prepared["rewards"], values[:-1], values[-1], rho_bar=config.rho_bar,
+                                 c_bar=config.c_bar, pg_rho_bar=config.pg_rho_bar, lambda_=config.lambda_,
+                                 valid=prepared["valid"])
+        return {"advantages": returns.pg_advantages, "returns": returns.vs}
 
     def rl_loss(self, problem, outputs, batch, prepared):
         return LossResult(*vtrace_loss(

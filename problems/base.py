@@ -204,6 +204,10 @@ class Problem:
     def action_specs(self) -> Specs:
         return specs_from_space(self._spaces[1], "action")
 
+    def action_space(self) -> gym.Space:
+        """The env's action space, which bounds every action actors execute."""
+        return self._spaces[1]
+
     def learner_action_specs(self) -> Specs:
         """Fields of `select_actor_action`'s output that the learner records with each step,
         for training, and never sends to actors (a flow policy's denoising chain, say); the
