@@ -30,7 +30,7 @@ import numpy as np
 
 from fleetrl.actor.channel import learner_channel
 from fleetrl.actor.config import ActorConfig
-from fleetrl.actor.env_groups import EnvGroup, group_bounds, make_env_groups, step_message
+from fleetrl.actor.env_groups import EnvGroup, env_actions, group_bounds, make_env_groups, step_message
 from fleetrl.actor.eval_episodes import EvalEpisodes, Pending
 from fleetrl.envs.vector import make_vector_env
 from fleetrl.problems.base import Problem
@@ -143,7 +143,7 @@ class Actor:
                 self.steps_sent += 1
                 self.episodes_sent += len(group.step.finished_episodes)
                 actions = decode_all(reply.actions.actions, action_specs, group.size, "action")
-                group.act(actions[action_specs[0].name] if len(action_specs) == 1 else actions)
+                group.act(env_actions(actions, action_specs))
                 self.episodes_finished += len(group.step.finished_episodes)
                 send(group)
             return True
@@ -170,7 +170,7 @@ class Actor:
                 episodes.start(work.episodes)
                 while episodes.playing:
                     pending = episodes.pending()
-                    requests.put(pb.ActorMessage(step=_eval_step_message(pending, run_ids, send_records)))
+                    requests.put(pb.ActorMessage(step=eval_step_message(pending, run_ids, send_records)))
                     reply = next(responses, None)
                     if reply is None or reply.WhichOneof("kind") == "finished":
                         return True
@@ -260,7 +260,7 @@ def _drain(requests: queue.SimpleQueue) -> Iterator[pb.ActorMessage]:
         yield item
 
 
-def _eval_step_message(pending: Pending, run_ids: np.ndarray, send_records: bool) -> pb.Step:
+def eval_step_message(pending: Pending, run_ids: np.ndarray, send_records: bool) -> pb.Step:
     indices = pending.env_indices
     step = step_message(pending.observation, pending.reward, pending.terminated, pending.truncated, run_ids[indices],
                         [], pending.extras, indices.tolist())

@@ -91,6 +91,11 @@ class EnvGroup:
         return step
 
 
+def env_actions(actions: Mapping[str, np.ndarray], action_specs) -> Any:
+    """What a vector env steps with: the one action's array, or a dict of several."""
+    return actions[action_specs[0].name] if len(action_specs) == 1 else dict(actions)
+
+
 def make_env_groups(problem: Problem, make_vector_env: Callable[..., gym.vector.VectorEnv], num_envs: int,
                     num_groups: int, run_ids: np.ndarray, seed: int) -> list[EnvGroup]:
     """`make_vector_env(size, first_env)` builds the envs [first_env, first_env + size)."""

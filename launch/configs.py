@@ -79,6 +79,28 @@ class LocalConfig:
 
 
 @dataclasses.dataclass
+class DebugConfig:
+    """`launch.debug`: the learner and its actors in this process, on one thread (docs/debugging.md)."""
+
+    learner: LearnerConfig
+    fleet: FleetConfig
+    post_mortem: bool = setting(False, "Open pdb at an uncaught exception, where it was raised.")
+    deterministic: bool = setting(True, "torch.use_deterministic_algorithms: with the same --seed, two runs give "
+                                        "the same weights, counters and summaries.")
+    summary_every_updates: int = setting(10, "TensorBoard summaries every this many updates (the served learner's "
+                                             "--summary_interval_s would make them depend on the run's speed).")
+    eval_every_updates: int = setting(50, "With --num_eval_actors: an eval round, played to its end before "
+                                          "training goes on, every this many updates (in place of "
+                                          "--eval_interval_s).")
+    progress: bool = setting(True, "A progress line at each summary.")
+
+    def __post_init__(self):
+        self.fleet.resolve(self.learner.problem)
+        check_range("summary_every_updates", self.summary_every_updates, low=1)
+        check_range("eval_every_updates", self.eval_every_updates, low=1)
+
+
+@dataclasses.dataclass
 class RayConfig:
     """`launch.ray`: the same learner and actors, placed, started and restarted by a Ray cluster."""
 

@@ -36,6 +36,9 @@ WHEN_NONZERO = frozenset({"learner/dropped_partial_unrolls", "learner/restarted_
                           "learner/unroll_queue_size", "learner/failed_checkpoint_writes",
                           "learner/failed_summary_writes", "learner/failed_eval_writes"})
 WHEN_CHANGED = frozenset({"optim/learning_rate"})
+# Scalars that measure time: the only ones two debug runs of one seed write differently.
+WALL_CLOCK = frozenset({"throughput/env_steps_per_s", "throughput/learner_steps_per_s", "learner/trainer_idle_fraction",
+                        "inference/latency_ms", "generation/tokens_per_s", "generation/latency_ms"})
 
 
 @dataclasses.dataclass

@@ -49,6 +49,7 @@ class UnrollRecorder:
         self.batches = batches
         self._bounds = space_bounds(action_space) if action_space is not None else {}
         self._recorded: list[dict[str, np.ndarray]] = []
+        self._written = 0  # batches in the file
 
     @property
     def wants_more(self) -> bool:
@@ -72,7 +73,7 @@ class UnrollRecorder:
 
     def write(self) -> None:
         """Writes what was recorded so far (also at a run's end that came before N batches)."""
-        if not self._recorded:
+        if len(self._recorded) == self._written:
             return
         arrays = {k: np.stack([batch[k] for batch in self._recorded]) for k in self._recorded[0]}
         try:
@@ -82,7 +83,7 @@ class UnrollRecorder:
             return
         log.info("recorded %d training batches to %s: python -m fleetrl.launch.inspect %s", len(self._recorded),
                  self.path, self.path)
-        self.batches = len(self._recorded)  # written: record no more
+        self._written = self.batches = len(self._recorded)  # written: record no more
 
 
 def recorder_for(logdir: str, batches: int, action_space: gym.Space | None) -> UnrollRecorder | None:

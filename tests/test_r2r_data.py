@@ -356,7 +356,8 @@ def test_the_learner_refuses_episode_records_that_are_malformed_or_not_asked_for
             "headings": [0.5, 1.0], "elevations": [0.0, 0.0]}
 
     def decode(record: bytes, eval_episode: int | None = 3, service=learner.service):
-        return service.intake.decoder.decode_episode(pb.EpisodeStats(env_index=0, eval_episode=eval_episode, record=record), 8)
+        return service.intake.decoder.decode_episode(
+            pb.EpisodeStats(env_index=0, eval_episode=eval_episode, record=record), 8)
 
     assert decode(json.dumps(good).encode()).record == good
     cases = [(json.dumps(good).encode(), None, "records come only with eval episodes"),
