@@ -12,6 +12,7 @@ set and not reached, or the run failed; 2 for a bad configuration. docs/debuggin
 
 from __future__ import annotations
 
+import bdb
 import pdb
 import sys
 import traceback
@@ -41,6 +42,9 @@ def debug(config: DebugConfig) -> int:
           f"{config.fleet.envs_per_actor} envs, one thread; logdir {config.learner.logdir}", flush=True)
     try:
         summary = run.run_to_end()
+    except bdb.BdbQuit:  # `q` at a breakpoint: the run's files are written, as at any end
+        print("fleetrl debug: quit from pdb", file=sys.stderr)
+        return 1
     except Exception:
         if not config.post_mortem:
             raise

@@ -17,7 +17,7 @@ import typing
 
 from fleetrl.actor.config import ActorConfig
 from fleetrl.common.settings import builtin_of
-from fleetrl.launch.configs import EvaluateConfig, ExportConfig, FleetConfig, LocalConfig, RayConfig
+from fleetrl.launch.configs import DebugConfig, EvaluateConfig, ExportConfig, FleetConfig, LocalConfig, RayConfig
 from fleetrl.launch.flags import field_help
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.problems.base import ProblemConfig
@@ -25,11 +25,14 @@ from fleetrl.problems.base import ProblemConfig
 DOCS = pathlib.Path(__file__).resolve().parent.parent / "docs" / "flags.md"
 
 SECTIONS = (
-    ("Learner", "`launch.learner`, `launch.local` and `launch.ray` (the last two choose `--bind` themselves)",
+    ("Learner", "`launch.learner`, `launch.local`, `launch.ray` and `launch.debug` (the last three choose `--bind` "
+                "themselves; `launch.debug` serves nothing)",
      LearnerConfig, ()),
-    ("Fleet", "`launch.local` and `launch.ray`: the actors they start", FleetConfig, ()),
+    ("Fleet", "`launch.local`, `launch.ray` and `launch.debug`: the actors they start (or step in-process)",
+     FleetConfig, ()),
     ("launch.local", "", LocalConfig, ("learner", "fleet")),
     ("launch.ray", "", RayConfig, ("learner", "fleet")),
+    ("launch.debug", "", DebugConfig, ("learner", "fleet")),
     ("Actor", "`launch.actor`", ActorConfig, ()),
     ("launch.evaluate", "", EvaluateConfig, ()),
     ("launch.export", "", ExportConfig, ()),

@@ -119,5 +119,9 @@ def main(argv: list[str]) -> int:
     return 1 if found else 0
 
 
-if __name__ == "__main__":
+def run() -> None:
     app.run(lambda argv: sys.exit(main(argv)))
+
+
+if __name__ == "__main__":
+    run()
