@@ -1,4 +1,6 @@
-"""What a run's recorded batches hold: `python -m fleetrl.launch.inspect LOGDIR/recorded_unrolls.npz`.
+"""What a run's recorded batches hold.
+
+Usage: python -m fleetrl.launch.inspect LOGDIR/recorded_unrolls.npz
 
 Prints each field of a `--record_unrolls` file (shape, dtype, min, mean, max, NaN count; a
 histogram of actions), then flags the mistakes that most often keep a new Problem from
