@@ -30,6 +30,7 @@ import os
 import torch
 
 from fleetrl.agents.pi0_model import GEMMA_VARIANTS, GemmaSize, Pi0Config, Pi0Model, SiglipSize
+from fleetrl.common.extras import MissingExtra
 
 WEIGHTS = "model.safetensors"
 EMBEDDING = "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
@@ -70,7 +71,10 @@ class StoredTensor:
 
 def stored_tensors(files: list[str]) -> dict[str, StoredTensor]:
     """openpi's key -> where it is stored; LeRobot's `model.` prefix removed."""
-    from safetensors import safe_open
+    try:
+        from safetensors import safe_open
+    except ImportError as e:  # reached without transformers when a tiny model was built before, say
+        raise MissingExtra("a pi0 checkpoint", "vlm", e) from e
 
     stored = {}
     for path in files:
