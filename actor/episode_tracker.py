@@ -21,7 +21,9 @@ class EpisodeTracker:
     def __init__(self, num_envs: int, problem: Problem | None = None):
         self._returns = np.zeros(num_envs, np.float64)
         self._lengths = np.zeros(num_envs, np.int64)
-        self._resetting = np.ones(num_envs, bool)  # the first observation comes from reset
+        # The first update is of the first transition: the reset's observation went out
+        # in a step of its own that no update saw (the learner takes that one as the reset).
+        self._resetting = np.zeros(num_envs, bool)
         self._problem = problem
 
     def begin(self, envs: list[int]) -> None:
