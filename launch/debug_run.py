@@ -142,7 +142,7 @@ class DebugRun:
     def step(self) -> None:
         """One turn of every train actor: their steps in, one inference, their actions out."""
         groups = [group for actor in self.actors for group in actor.groups]
-        requests = [self.intake.train_request(group.step, actor.slots, actor.num_envs)
+        requests = [self.intake.train_request(group.step, actor.slots, actor.num_envs, actor.actor_id)
                     for actor in self.actors for group in actor.groups]
         for group, actions in zip(groups, self.run.inference(requests)):
             group.act(env_actions(wire_round_trip(actions, self.action_specs, group.size), self.action_specs))

@@ -13,6 +13,7 @@ from fleetrl.learner.inference import InferenceStep, PolicyVersion
 from fleetrl.learner.metrics import RateMeter
 from fleetrl.learner.rank_sync import RankSync
 from fleetrl.learner.run_files import RunSummary
+from fleetrl.learner.served_run import ServedRun
 from fleetrl.learner.step_ledger import StepLedger
 from fleetrl.learner.stop_conditions import StopConditions
 from fleetrl.learner.trainer import Trainer
@@ -28,6 +29,7 @@ class ReportedRun(Protocol):
     eval_rounds: EvalRounds
     trainer: Trainer
     policy: PolicyVersion
+    served: ServedRun
     actors: ConnectedActors
     inference: InferenceStep
     step_ledger: StepLedger
@@ -53,7 +55,8 @@ def run_status(run: ReportedRun) -> pb.Status:
         eval_policy_version=last_eval.policy_version if last_eval else 0,
         eval_mean_return=last_eval.metrics.get("return", math.nan) if last_eval else math.nan,
         eval_rounds=run.eval_rounds.completed, return_window=run.config.return_window,
-        resent_steps=run.step_ledger.resent,
+        resent_steps=run.step_ledger.resent, disputed_episodes=run.served.accounts.disputed,
+        unvouched_episodes=run.served.accounts.unvouched,
     )
 
 

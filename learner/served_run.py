@@ -9,8 +9,10 @@ from typing import Any, Protocol
 
 from fleetrl.learner.connected_actors import ConnectedActors
 from fleetrl.learner.env_state_store import EnvStateStore
+from fleetrl.learner.episode_accounts import EpisodeAccounts
 from fleetrl.learner.eval_rounds import EvalResult, EvalRounds
 from fleetrl.learner.inference_batcher import InferenceBatcher
+from fleetrl.learner.metric_rules import MetricRules
 from fleetrl.learner.metrics import EpisodeWindow, ScalarMeans
 from fleetrl.learner.step_ledger import StepLedger
 from fleetrl.losses.unroll_hook import UnrollHook
@@ -46,6 +48,8 @@ class ServedRun:
     unroll_hook: UnrollHook
     episodes: EpisodeWindow
     step_ledger: StepLedger  # train steps already taken in: resent ones count no episodes
+    metric_rules: MetricRules  # the episode metrics actors may report
+    accounts: EpisodeAccounts  # the learner's own return and length of every train env's episode
     scalars: ScalarMeans
     run: RunControl
     actors: ConnectedActors

@@ -30,6 +30,7 @@ import numpy as np
 
 from fleetrl.learner.connected_actors import ActorStream
 from fleetrl.learner.inference_batcher import BatcherStopped
+from fleetrl.learner.metric_rules import MAX_NAME_BYTES
 from fleetrl.learner.served_run import ServedRun
 from fleetrl.learner.step_intake import StepIntake
 from fleetrl.learner.wire_messages import UnreadableMessage, actor_message_reader
@@ -97,7 +98,9 @@ class LearnerService(pb_grpc.LearnerServicer):
             extra_spec=[s.to_proto() for s in run.extra_specs],
             num_envs_multiple=run.unroll_hook.num_envs_multiple, max_envs_per_actor=run.max_envs_per_actor,
             episode_groups=run.episode_groups, max_message_bytes=run.max_message_bytes,
-            handshake_timeout_s=run.handshake_timeout_s)
+            handshake_timeout_s=run.handshake_timeout_s, episode_metrics=run.metric_rules.episode_names,
+            eval_metrics=run.metric_rules.eval_names, undeclared_metric_slots=run.metric_rules.undeclared_slots,
+            metric_bound=run.metric_rules.bound, max_metric_name_bytes=MAX_NAME_BYTES)
 
     async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.Status:
         return await asyncio.to_thread(self.run.run.status)  # reads counters that ranks exchange under a lock
@@ -163,6 +166,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         finally:
             if not evaluating:
                 self.run.unroll_hook.actor_left(slots)
+                self.intake.release(slots)
             else:
                 self.run.eval_rounds.disconnect(handshake.actor_id)
             store.release(slots)
@@ -197,7 +201,7 @@ class LearnerService(pb_grpc.LearnerServicer):
                     future = self.run.eval_batcher.submit(await asyncio.to_thread(take, actor, request, episodes)
                                                           if episodes else take(actor, request, episodes))
                 else:
-                    future = self.run.batcher.submit(self.intake.train_request(message.step, slots, num_envs))
+                    future = self.run.batcher.submit(self.intake.train_request(message.step, slots, num_envs, actor))
             except WireError as e:
                 raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: {e}") from None
             start = time.monotonic()

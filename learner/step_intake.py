@@ -1,17 +1,26 @@
 """What the learner takes in of one actor step, whoever delivers it: a gRPC stream
 (`server.LearnerService`) or the one-thread debug run (`fleetrl.launch.debug_run`).
 
-A train step is decoded and checked (`wire_messages`), its finished episodes go to their
-group's summaries and the train ones to the recent-return window (once: a resent step
-brings none, see `StepLedger`), and what is left is the request for inference. An eval
-step's finished episodes go to their eval round, and its request carries the round's
-frozen agent. Nothing here waits on the transport, so both drivers share every line of it.
+A train step is decoded and checked (`wire_messages`, `metric_rules`), the learner's own
+account of its envs' episodes moves on (`episode_accounts`), and the episodes the learner
+vouches for go to their group's summaries and the train ones to the recent-return window
+(once: a resent step brings none, see `StepLedger`); what is left is the request for
+inference. An actor whose reports the learner disputes is logged at most once a minute, and
+keeps its stream: a buggy env is its user's to see, not a reason to stop training.
+
+An eval step's finished episodes go to their eval round, and its request carries the
+round's frozen agent. Nothing here waits on the transport, so both drivers share every line
+of it.
 """
 
 from __future__ import annotations
 
+import logging
+import time
+
 import numpy as np
 
+from fleetrl.learner.episode_accounts import vouch
 from fleetrl.learner.eval_inference import EvalRequest
 from fleetrl.learner.inference import StepRequest
 from fleetrl.learner.served_run import ServedRun, episode_tag
@@ -20,21 +29,40 @@ from fleetrl.problems.base import TRAIN
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto.tensors import WireError
 
+log = logging.getLogger(__name__)
+
+DISPUTE_LOG_INTERVAL_S = 60.0
+
 
 class StepIntake:
-    def __init__(self, run: ServedRun):
+    def __init__(self, run: ServedRun, clock=time.monotonic):
         self.run = run
         self.decoder = WireDecoder(run)
+        self._clock = clock
+        self._logged: dict[str, float] = {}  # actor -> when its disputes were last logged
 
-    def train_request(self, step: pb.Step, slots: np.ndarray, num_envs: int) -> StepRequest:
+    def train_request(self, step: pb.Step, slots: np.ndarray, num_envs: int, actor: str = "") -> StepRequest:
         """The inference request of a train step; raises WireError naming what is wrong."""
         request, episodes = self.decoder.decode_step(step, slots, num_envs)
         if self.run.step_ledger.take(int(request.run_ids[0]), step.sequence):  # not a resent one
-            self._count(episodes)
+            accounts = self.run.accounts
+            ended = accounts.step(request.slots, request.run_ids, request.reward,
+                                  request.terminated | request.truncated)
+            if len(ended.rows) or episodes:
+                verdict = vouch(ended, episodes, np.asarray(step.env_indices))
+                accounts.disputed += len(verdict.disputes)
+                accounts.unvouched += verdict.unvouched
+                if verdict.disputes:
+                    self._log_disputes(actor, verdict.disputes)
+                self._count(verdict.counted)
         return request
 
+    def release(self, slots: np.ndarray) -> None:
+        """A train stream ended: its envs' episode accounts wait for a reconnect."""
+        self.run.accounts.release(slots)
+
     def decode_eval(self, step: pb.Step, slots: np.ndarray, num_envs: int) -> tuple[StepRequest, list[Episode]]:
-        return self.decoder.decode_step(step, slots, num_envs)
+        return self.decoder.decode_step(step, slots, num_envs, evaluating=True)
 
     def eval_request(self, actor_id: str, request: StepRequest, episodes: list[Episode]) -> EvalRequest:
         """The inference request of an eval step, once its finished episodes are in their
@@ -54,13 +82,24 @@ class StepIntake:
             raise WireError("an eval step before any eval work: call GetEvalWork first")
         return EvalRequest(request, snapshot[0])
 
-    def _count(self, episodes: list[Episode]) -> None:
-        """Training episodes go to their group's summaries (see `episode_tag`); the "train"
-        ones also to the recent-return window."""
-        for episode in episodes:
-            for name, value in episode.metrics.items():
+    def _count(self, episodes: list[tuple[str, dict[str, float]]]) -> None:
+        """Training episodes, (group, metrics), go to their group's summaries (see
+        `episode_tag`); the "train" ones also to the recent-return window."""
+        for group, metrics in episodes:
+            for name, value in metrics.items():
                 if name == "return":
-                    self.run.scalars.add_with_spread(episode_tag(episode.group, name), value)
+                    self.run.scalars.add_with_spread(episode_tag(group, name), value)
                 else:
-                    self.run.scalars.add(episode_tag(episode.group, name), value)
-        self.run.episodes.extend(e.metrics for e in episodes if e.group == TRAIN)
+                    self.run.scalars.add(episode_tag(group, name), value)
+        self.run.episodes.extend(metrics for group, metrics in episodes if group == TRAIN)
+
+    def _log_disputes(self, actor: str, disputes: list[str]) -> None:
+        now = self._clock()
+        if now - self._logged.get(actor, -DISPUTE_LOG_INTERVAL_S) < DISPUTE_LOG_INTERVAL_S:
+            return
+        if len(self._logged) > 4096:  # actors long gone
+            self._logged = {a: t for a, t in self._logged.items() if now - t < DISPUTE_LOG_INTERVAL_S}
+        self._logged[actor] = now
+        log.warning("actor %r reports episodes that differ from the steps the learner took in; the learner counts "
+                    "its own figures (learner/disputed_episodes in TensorBoard, %d so far; at most one line a minute per "
+                    "actor): %s", actor, self.run.accounts.disputed, "; ".join(disputes[:3]))

@@ -26,11 +26,13 @@ from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.connected_actors import ConnectedActors
 from fleetrl.learner.data_parallel import DataParallel
 from fleetrl.learner.env_state_store import build_state_store
+from fleetrl.learner.episode_accounts import EpisodeAccounts
 from fleetrl.learner.eval_inference import EvalInference
 from fleetrl.learner.eval_results import EvalResults
 from fleetrl.learner.eval_rounds import EvalRounds, frozen_copy
 from fleetrl.learner.inference import InferenceStep, PolicyVersion
 from fleetrl.learner.inference_batcher import InferenceBatcher
+from fleetrl.learner.metric_rules import MetricRules
 from fleetrl.learner.metrics import EpisodeWindow, RateMeter, ScalarMeans
 from fleetrl.learner.rank_sync import RankSync
 from fleetrl.learner.run_files import RunSummary, rank_logdir, write_run_config
@@ -135,7 +137,8 @@ class TrainingRun:
             observation_specs=self.problem.observation_specs(), action_specs=self.problem.action_specs(),
             extra_specs=self.problem.extra_specs(), episode_groups=self.problem.episode_groups(),
             store=self.store, batcher=self.batcher, unroll_hook=self.unroll_hook, episodes=self.episodes,
-            step_ledger=self.step_ledger, scalars=self.scalars, run=self, actors=self.actors,
+            step_ledger=self.step_ledger, metric_rules=MetricRules.of(self.problem, config.problem),
+            accounts=EpisodeAccounts(), scalars=self.scalars, run=self, actors=self.actors,
             max_envs_per_actor=config.max_envs_per_actor,
             max_message_bytes=config.max_message_mb * 1024 * 1024, handshake_timeout_s=config.handshake_timeout_s,
             idle_timeout_s=config.stream_idle_timeout_s,
@@ -213,6 +216,8 @@ class TrainingRun:
             "learner/dropped_partial_unrolls": self.store.dropped_partial_unrolls,
             "learner/restarted_envs": self.store.restarted_envs,
             "learner/resent_steps": self.step_ledger.resent,
+            "learner/disputed_episodes": self.served.accounts.disputed,
+            "learner/unvouched_episodes": self.served.accounts.unvouched,
             "learner/failed_checkpoint_writes": self.run_state.failed_checkpoint_writes,
             "learner/failed_eval_writes": self.eval_results.failed_writes,
             "learner/policy_version": self.policy.version,

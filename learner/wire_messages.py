@@ -10,7 +10,6 @@ against the handshake's specs (`fleetrl.proto.tensors`).
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -33,6 +32,7 @@ class Episode(NamedTuple):
     """A finished episode as an actor reported it."""
 
     env: int
+    row: int  # the env's row in its step
     metrics: dict[str, float]
     group: str
     eval_episode: int | None
@@ -73,7 +73,8 @@ class WireDecoder:
                 or spec_mismatch("action", run.action_specs, actions)
                 or spec_mismatch("extra", run.extra_specs, extras))
 
-    def decode_step(self, step: pb.Step, slots: np.ndarray, num_envs: int) -> tuple[StepRequest, list[Episode]]:
+    def decode_step(self, step: pb.Step, slots: np.ndarray, num_envs: int,
+                    evaluating: bool = False) -> tuple[StepRequest, list[Episode]]:
         """A step's request for the inference batcher (env slots from `slots`), and the
         episodes it ended; raises WireError naming the field that is wrong."""
         count = len(step.env_indices)
@@ -94,25 +95,54 @@ class WireDecoder:
         if not np.isfinite(rewards).all():
             bad = int(indices[~np.isfinite(rewards)][0])
             raise WireError(f"rewards: env {bad} has a NaN or infinite reward")
+        bound = self.run.metric_rules.bound
+        if (np.abs(rewards) > bound).any():
+            row = int(np.flatnonzero(np.abs(rewards) > bound)[0])
+            raise WireError(f"rewards: env {int(indices[row])} has a reward of {float(rewards[row]):g}, beyond the "
+                            f"problem's bound of {bound:g} (Problem.metric_bound)")
         request = StepRequest(
             slots=slots[indices], run_ids=run_ids,
             observation=decode_all(step.observations, self.run.observation_specs, count, "observation", indices),
             extras=decode_all(step.extras, self.run.extra_specs, count, "extra", indices),
             reward=rewards, terminated=np.array(step.terminated[:], bool), truncated=np.array(step.truncated[:], bool),
         )
-        return request, [self.decode_episode(e, num_envs) for e in step.finished_episodes]
+        if not step.finished_episodes:
+            return request, []
+        return request, self._finished(step.finished_episodes, indices, request, num_envs, evaluating)
 
-    def decode_episode(self, episode: pb.EpisodeStats, num_envs: int) -> Episode:
-        """A finished episode of a step; raises WireError naming what is wrong."""
+    def _finished(self, reports, indices: np.ndarray, request: StepRequest, num_envs: int,
+                  evaluating: bool) -> list[Episode]:
+        """The step's finished episodes: at most one per env, each on an env that is done."""
+        if len(reports) > len(indices):
+            raise WireError(f"finished_episodes has {len(reports)} episodes for a step of {len(indices)} envs: at "
+                            "most one per env")
+        row_of = {int(env): row for row, env in enumerate(indices.tolist())}
+        done = request.terminated | request.truncated
+        episodes, rows = [], set()
+        for report in reports:
+            row = row_of.get(report.env_index)
+            if row is None:
+                raise WireError(f"finished_episodes: env {report.env_index} is not in this step's env_indices")
+            if row in rows:
+                raise WireError(f"finished_episodes: env {report.env_index} has more than one episode in this step")
+            if not done[row]:
+                raise WireError(f"finished_episodes: env {report.env_index} is neither terminated nor truncated in "
+                                "this step, so no episode of it ended here")
+            rows.add(row)
+            episodes.append(self.decode_episode(report, num_envs, row, evaluating))
+        return episodes
+
+    def decode_episode(self, episode: pb.EpisodeStats, num_envs: int, row: int = 0,
+                       evaluating: bool = False) -> Episode:
+        """A finished episode of a step (on the step's row `row`); raises WireError naming what is wrong."""
         if episode.env_index >= num_envs:
             raise WireError(f"finished_episodes: env index {episode.env_index} is unknown")
-        if not all(math.isfinite(v) for v in episode.metrics.values()):
-            raise WireError(f"finished_episodes: env {episode.env_index} has a NaN or infinite metric")
+        self.run.metric_rules.check(episode.env_index, episode.metrics, evaluating)
         group = episode.group or TRAIN
         if group not in self.run.episode_groups:
             raise WireError(f"finished_episodes: env {episode.env_index} names episode group {group!r}; "
                             f"this run has {list(self.run.episode_groups)}")
-        return Episode(episode.env_index, dict(episode.metrics), group,
+        return Episode(episode.env_index, row, dict(episode.metrics), group,
                        episode.eval_episode if episode.HasField("eval_episode") else None, decode_images(episode),
                        self._record(episode))
 

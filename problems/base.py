@@ -96,6 +96,9 @@ class Problem:
     # Heavy simulators: an actor with more than one env steps them in subprocesses
     # (one env stays in-process), whatever its async_envs flag says.
     envs_in_subprocesses: ClassVar[bool] = False
+    # The learner refuses a reward or an episode metric beyond this magnitude: a value that
+    # large is a bug, and would turn the curves and the stop condition to inf.
+    metric_bound: ClassVar[float] = 1e9
 
     def __init__(self, config: Any = None):
         self.config = config if config is not None else self.Config()
@@ -149,8 +152,20 @@ class Problem:
         return None
 
     def episode_metrics(self, final_info: Mapping[str, Any]) -> dict[str, float]:
-        """Extra metrics of an episode from its last step's info ('return' and 'length' are automatic)."""
+        """Extra metrics of an episode from its last step's info ('return' and 'length' are
+        automatic). Declare their names in `episode_metric_names`."""
         return {}
+
+    def episode_metric_names(self) -> tuple[str, ...] | None:
+        """Every name `episode_metrics` may return for a train episode; the learner refuses
+        any other. None: not declared, and the learner takes a few names first come (see
+        docs/reliability.md). A Problem that keeps the base `episode_metrics` reports none."""
+        return () if type(self).episode_metrics is Problem.episode_metrics else None
+
+    def eval_metric_names(self) -> tuple[str, ...]:
+        """Names that only eval episodes report, besides `episode_metric_names` (an eval
+        split's own, say)."""
+        return ()
 
     def episode_group(self, final_info: Mapping[str, Any]) -> str:
         """The TensorBoard group of an episode's metrics, one of `episode_groups()`. Only

@@ -234,3 +234,6 @@ class FlowVLAProblem(Problem):
 
     def episode_metrics(self, final_info: Mapping[str, object]) -> dict[str, float]:
         return {"success": float(final_info.get("success", 0.0))}
+
+    def episode_metric_names(self) -> tuple[str, ...]:
+        return ("success",)

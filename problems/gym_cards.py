@@ -104,6 +104,9 @@ class GymCardsProblem(Problem):
     def episode_metrics(self, final_info: Mapping[str, Any]) -> dict[str, float]:
         return {"success": float(final_info["success"])}
 
+    def episode_metric_names(self) -> tuple[str, ...]:
+        return ("success",)
+
     def render_frame(self, observation: Mapping[str, np.ndarray], env: gym.Env | None = None) -> np.ndarray:
         return observation["image"]
 

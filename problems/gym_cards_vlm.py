@@ -83,6 +83,9 @@ class GymCardsVLMProblem(VLMProblem):
     def episode_metrics(self, final_info: Mapping[str, Any]) -> dict[str, float]:
         return {"success": float(final_info["success"]), **super().episode_metrics(final_info)}
 
+    def episode_metric_names(self) -> tuple[str, ...]:
+        return ("success", *super().episode_metric_names())
+
     def render_frame(self, observation: Mapping[str, np.ndarray], env: gym.Env | None = None) -> np.ndarray:
         return observation["image"]
 

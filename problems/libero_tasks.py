@@ -86,3 +86,6 @@ class LiberoTasks:
         success = float(final_info["success_once"])
         return {"success_once": success, "episode_len": float(final_info["episode_len"]),
                 f"task_{int(final_info['task_id'])}/success": success}
+
+    def episode_metric_names(self) -> tuple[str, ...]:
+        return ("success_once", "episode_len", *(f"task_{task}/success" for task in self.task_ids))

@@ -27,6 +27,7 @@ from fleetrl.common.settings import check_choice, setting
 from fleetrl.envs.r2r import R2RData, R2REnv, Vocab, read_instructions
 from fleetrl.envs.r2r.env import REWARDS
 from fleetrl.envs.r2r.graph import cached_scan_graph
+from fleetrl.envs.r2r.metrics import METRIC_NAMES
 from fleetrl.envs.r2r.synthetic import SyntheticConfig, generate
 from fleetrl.envs.r2r.topdown import draw_episode
 from fleetrl.problems.base import Problem, ProblemConfig
@@ -118,6 +119,14 @@ class R2RProblem(Problem):
         split = final_info["split"]
         prefix = "" if split == self.config.train_split else f"{split}/"
         return {prefix + name: float(value) for name, value in final_info["metrics"].items()}
+
+    def episode_metric_names(self) -> tuple[str, ...]:
+        return METRIC_NAMES
+
+    def eval_metric_names(self) -> tuple[str, ...]:
+        """Each eval split's metrics under its name; a goal-less split (test) reports its steps."""
+        return tuple(f"{split}/{name}" for split in self.config.eval_splits if split != self.config.train_split
+                     for name in (*METRIC_NAMES, "steps"))
 
     def eval_images(self, final_info: Mapping[str, Any]) -> dict[str, np.ndarray]:
         """A top-down picture of each eval split's first episode, per round."""

@@ -177,6 +177,9 @@ class VLMProblem(Problem):
         return {"parse_failure_rate": float(final_info["parse_failure_rate"]),
                 "answer_length": float(final_info["answer_length"])}
 
+    def episode_metric_names(self) -> tuple[str, ...]:
+        return ("parse_failure_rate", "answer_length")
+
 
 def sample_answers(make_env, solve, episodes: int, seed: int = 0) -> list[str]:
     """The solver's answers along episodes played by random actions: tokenizer corpus."""

@@ -169,7 +169,7 @@ class RunInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class RunInfo(_message.Message):
-    __slots__ = ("protocol_version", "problem", "hparams", "observation_spec", "action_spec", "extra_spec", "num_envs_multiple", "max_envs_per_actor", "episode_groups", "max_message_bytes", "handshake_timeout_s")
+    __slots__ = ("protocol_version", "problem", "hparams", "observation_spec", "action_spec", "extra_spec", "num_envs_multiple", "max_envs_per_actor", "episode_groups", "max_message_bytes", "handshake_timeout_s", "episode_metrics", "eval_metrics", "undeclared_metric_slots", "metric_bound", "max_metric_name_bytes")
     class HparamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -188,6 +188,11 @@ class RunInfo(_message.Message):
     EPISODE_GROUPS_FIELD_NUMBER: _ClassVar[int]
     MAX_MESSAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     HANDSHAKE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    EPISODE_METRICS_FIELD_NUMBER: _ClassVar[int]
+    EVAL_METRICS_FIELD_NUMBER: _ClassVar[int]
+    UNDECLARED_METRIC_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    METRIC_BOUND_FIELD_NUMBER: _ClassVar[int]
+    MAX_METRIC_NAME_BYTES_FIELD_NUMBER: _ClassVar[int]
     protocol_version: int
     problem: str
     hparams: _containers.ScalarMap[str, str]
@@ -199,14 +204,19 @@ class RunInfo(_message.Message):
     episode_groups: _containers.RepeatedScalarFieldContainer[str]
     max_message_bytes: int
     handshake_timeout_s: float
-    def __init__(self, protocol_version: _Optional[int] = ..., problem: _Optional[str] = ..., hparams: _Optional[_Mapping[str, str]] = ..., observation_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., extra_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., num_envs_multiple: _Optional[int] = ..., max_envs_per_actor: _Optional[int] = ..., episode_groups: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., handshake_timeout_s: _Optional[float] = ...) -> None: ...
+    episode_metrics: _containers.RepeatedScalarFieldContainer[str]
+    eval_metrics: _containers.RepeatedScalarFieldContainer[str]
+    undeclared_metric_slots: int
+    metric_bound: float
+    max_metric_name_bytes: int
+    def __init__(self, protocol_version: _Optional[int] = ..., problem: _Optional[str] = ..., hparams: _Optional[_Mapping[str, str]] = ..., observation_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., action_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., extra_spec: _Optional[_Iterable[_Union[TensorSpec, _Mapping]]] = ..., num_envs_multiple: _Optional[int] = ..., max_envs_per_actor: _Optional[int] = ..., episode_groups: _Optional[_Iterable[str]] = ..., max_message_bytes: _Optional[int] = ..., handshake_timeout_s: _Optional[float] = ..., episode_metrics: _Optional[_Iterable[str]] = ..., eval_metrics: _Optional[_Iterable[str]] = ..., undeclared_metric_slots: _Optional[int] = ..., metric_bound: _Optional[float] = ..., max_metric_name_bytes: _Optional[int] = ...) -> None: ...
 
 class StatusRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("env_steps", "env_steps_per_s", "episodes", "mean_episode_return", "policy_lag", "trainer_steps", "connected_actors", "finished", "finished_reason", "uptime_s", "mean_inference_batch_size", "eval_policy_version", "eval_mean_return", "eval_rounds", "return_window", "resent_steps")
+    __slots__ = ("env_steps", "env_steps_per_s", "episodes", "mean_episode_return", "policy_lag", "trainer_steps", "connected_actors", "finished", "finished_reason", "uptime_s", "mean_inference_batch_size", "eval_policy_version", "eval_mean_return", "eval_rounds", "return_window", "resent_steps", "disputed_episodes", "unvouched_episodes")
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_PER_S_FIELD_NUMBER: _ClassVar[int]
     EPISODES_FIELD_NUMBER: _ClassVar[int]
@@ -223,6 +233,8 @@ class Status(_message.Message):
     EVAL_ROUNDS_FIELD_NUMBER: _ClassVar[int]
     RETURN_WINDOW_FIELD_NUMBER: _ClassVar[int]
     RESENT_STEPS_FIELD_NUMBER: _ClassVar[int]
+    DISPUTED_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    UNVOUCHED_EPISODES_FIELD_NUMBER: _ClassVar[int]
     env_steps: int
     env_steps_per_s: float
     episodes: int
@@ -239,7 +251,9 @@ class Status(_message.Message):
     eval_rounds: int
     return_window: int
     resent_steps: int
-    def __init__(self, env_steps: _Optional[int] = ..., env_steps_per_s: _Optional[float] = ..., episodes: _Optional[int] = ..., mean_episode_return: _Optional[float] = ..., policy_lag: _Optional[float] = ..., trainer_steps: _Optional[int] = ..., connected_actors: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_reason: _Optional[str] = ..., uptime_s: _Optional[float] = ..., mean_inference_batch_size: _Optional[float] = ..., eval_policy_version: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_rounds: _Optional[int] = ..., return_window: _Optional[int] = ..., resent_steps: _Optional[int] = ...) -> None: ...
+    disputed_episodes: int
+    unvouched_episodes: int
+    def __init__(self, env_steps: _Optional[int] = ..., env_steps_per_s: _Optional[float] = ..., episodes: _Optional[int] = ..., mean_episode_return: _Optional[float] = ..., policy_lag: _Optional[float] = ..., trainer_steps: _Optional[int] = ..., connected_actors: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_reason: _Optional[str] = ..., uptime_s: _Optional[float] = ..., mean_inference_batch_size: _Optional[float] = ..., eval_policy_version: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_rounds: _Optional[int] = ..., return_window: _Optional[int] = ..., resent_steps: _Optional[int] = ..., disputed_episodes: _Optional[int] = ..., unvouched_episodes: _Optional[int] = ...) -> None: ...
 
 class EvalWorkRequest(_message.Message):
     __slots__ = ("actor_id", "max_episodes")

@@ -130,24 +130,29 @@ def test_the_ledger_takes_each_number_once_and_forgets_the_longest_silent_group(
 
 def test_a_resumed_learner_does_not_count_again_the_steps_its_checkpoint_counted(tmp_path, running_learner, raw_actor,
                                                                                   wire):
-    def step(sequence: int) -> pb.ActorMessage:
-        message = wire.cartpole_step(2, run_ids=[11, 12])
+    def step(sequence: int, reward: float = 1.0, done: bool = False) -> pb.ActorMessage:
+        message = wire.cartpole_step(2, run_ids=[11, 12], rewards=[reward, reward])
         message.step.sequence = sequence
-        message.step.finished_episodes.append(pb.EpisodeStats(env_index=0, metrics={"return": 10.0}))
+        if done:  # env 0 ends an episode of two steps of reward 1
+            message.step.terminated[0] = True
+            message.step.finished_episodes.append(pb.EpisodeStats(env_index=0, metrics={"return": 2.0, "length": 2.0}))
         return message
 
     with running_learner(tmp_path, problem="cartpole") as learner:
         actor = raw_actor(learner.address)
-        for message in (wire.handshake(actor_id="a"), step(1), step(2)):
+        for message in (wire.handshake(actor_id="a"), step(1, reward=0.0), step(2), step(3, done=True)):
             actor.send(message)
+        assert learner.status().episodes == 1
         assert learner.run_state.save() is not None
         actor.close()
-    # A crash after the checkpoint, before step 2's answer reached the actor: it resends step 2.
+    # A crash after the checkpoint, before step 3's answer reached the actor: it resends step 3.
     with running_learner(tmp_path, problem="cartpole") as learner:
-        assert learner.status().episodes == 2
+        assert learner.status().episodes == 1
         actor = raw_actor(learner.address)
         actor.send(wire.handshake(actor_id="a"))
-        actor.send(step(2))
-        assert (learner.status().episodes, learner.status().resent_steps) == (2, 1)
-        actor.send(step(3))
-        assert learner.status().episodes == 3
+        actor.send(step(3, done=True))
+        assert (learner.status().episodes, learner.status().resent_steps) == (1, 1)
+        for message in (step(4, reward=0.0), step(5), step(6, done=True)):  # env 0's next episode: a reset, 2 steps
+            actor.send(message)
+        status = learner.status()
+        assert (status.episodes, status.disputed_episodes, status.unvouched_episodes) == (2, 0, 0)

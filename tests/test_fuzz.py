@@ -69,8 +69,11 @@ CASES = {
     "extra tensor": with_step(lambda s, rng: s.observations.append(encode("extra", np.zeros((NUM_ENVS, 1))))),
     "undeclared extra": with_step(lambda s, rng: s.extras.append(encode("action_rewards", np.zeros((NUM_ENVS, 3))))),
     "non-finite observation": with_step(non_finite_observation),
-    "non-finite episode metric": with_step(lambda s, rng: s.finished_episodes.append(
-        pb.EpisodeStats(env_index=0, metrics={"return": float("nan")}))),
+    "non-finite episode metric": with_step(lambda s, rng: (s.terminated.__setitem__(0, True),
+                                                           s.finished_episodes.append(pb.EpisodeStats(
+                                                               env_index=0, metrics={"return": float("nan")})))),
+    "episode on an env that is not done": with_step(lambda s, rng: s.finished_episodes.append(
+        pb.EpisodeStats(env_index=0, metrics={"return": 1.0}))),
     "oversize message": with_step(oversize),
     "step before handshake": lambda wire, rng: [wire.cartpole_step(NUM_ENVS)],
     "repeated handshake": lambda wire, rng: [wire.handshake(actor_id=f"fuzz-{rng.integers(1 << 62)}")] * 2,
@@ -130,6 +133,8 @@ def test_a_thousand_malformed_messages_are_each_rejected_while_a_good_actor_trai
             assert "an empty ActorMessage" in seen["empty message after the handshake"]
             assert "'observation': env" in seen["non-finite observation"] and "NaN or infinite" in seen[
                 "non-finite observation"]
+            assert "finite" in seen["non-finite episode metric"]
+            assert "neither terminated nor truncated" in seen["episode on an env that is not done"]
             # The good actor was served all along, and the trainer kept going. Every refused
             # stream has left the learner's records by the time its status arrived (server.py),
             # but the count is read from this thread, so it is waited on rather than read once.
