@@ -3,8 +3,14 @@ its own, and tallies how the learner answered them (bench/soak.py runs one).
 
 Each message is one of a few kinds of damage: bytes that do not parse, a step before any
 handshake, and after a valid handshake, a step with the wrong observation shape, a step
-with a NaN reward, or garbage. The learner should refuse each with INVALID_ARGUMENT and
-keep serving everyone else.
+with a NaN reward or one beyond the problem's bound, garbage, or a step whose episode
+reports claim what it did not do: an episode on an env that is not done, a hundred
+episodes for two envs, a metric the problem does not declare. The learner should refuse
+each with INVALID_ARGUMENT and keep serving everyone else.
+
+A well-formed false report (a done step claiming a return of 500) is not refused but
+neutralized: the learner counts its own figures (tests/test_episode_vouching.py). It is
+not sent here, as the soak's episode accounting counts only its actors' episodes.
 """
 
 from __future__ import annotations
@@ -50,7 +56,8 @@ class HostileClient:
             return dict(self._tally)
 
     def _run(self) -> None:
-        kinds = [self._unparsable, self._step_first, self._wrong_shape, self._nan_reward, self._garbage]
+        kinds = [self._unparsable, self._step_first, self._wrong_shape, self._nan_reward, self._garbage,
+                 self._huge_reward, self._report_without_end, self._many_reports, self._undeclared_metric]
         with grpc.insecure_channel(self._address) as channel:
             call = channel.stream_stream("/fleetrl.Learner/Stream", request_serializer=lambda b: b,
                                          response_deserializer=pb.LearnerMessage.FromString)
@@ -69,10 +76,11 @@ class HostileClient:
         return pb.ActorMessage(handshake=handshake_message(self._problem_name, self._problem, actor_id,
                                                            _NUM_ENVS)).SerializeToString()
 
-    def _step(self, obs: np.ndarray, reward: np.ndarray) -> bytes:
+    def _step(self, obs: np.ndarray, reward: np.ndarray, done: bool = False,
+              episodes: list[pb.EpisodeStats] = ()) -> bytes:
         run_ids = np.arange(1, _NUM_ENVS + 1, dtype=np.uint64)
-        done = np.zeros(_NUM_ENVS, bool)
-        return pb.ActorMessage(step=step_message(obs, reward, done, done, run_ids, [], {})).SerializeToString()
+        return pb.ActorMessage(step=step_message(obs, reward, np.full(_NUM_ENVS, done), np.zeros(_NUM_ENVS, bool),
+                                                 run_ids, list(episodes), {})).SerializeToString()
 
     def _good_step(self) -> bytes:
         return self._step(self._rng.normal(size=(_NUM_ENVS, 4)).astype(np.float32), np.zeros(_NUM_ENVS, np.float32))
@@ -90,6 +98,23 @@ class HostileClient:
         reward = np.zeros(_NUM_ENVS, np.float32)
         reward[0] = np.nan
         return [self._handshake(), self._step(np.zeros((_NUM_ENVS, 4), np.float32), reward)]
+
+    def _huge_reward(self) -> list[bytes]:
+        reward = np.full(_NUM_ENVS, 3e38, np.float32)
+        return [self._handshake(), self._step(np.zeros((_NUM_ENVS, 4), np.float32), reward)]
+
+    def _claims(self, done: bool, episodes: list[pb.EpisodeStats]) -> list[bytes]:
+        obs, reward = np.zeros((_NUM_ENVS, 4), np.float32), np.ones(_NUM_ENVS, np.float32)
+        return [self._handshake(), self._step(obs, reward, done, episodes)]
+
+    def _report_without_end(self) -> list[bytes]:
+        return self._claims(False, [pb.EpisodeStats(env_index=0, metrics={"return": 500.0, "length": 500.0})])
+
+    def _many_reports(self) -> list[bytes]:
+        return self._claims(True, [pb.EpisodeStats(env_index=0, metrics={"return": 500.0})] * 100)
+
+    def _undeclared_metric(self) -> list[bytes]:
+        return self._claims(True, [pb.EpisodeStats(env_index=0, metrics={f"m{i}": 1.0 for i in range(100)})])
 
     def _garbage(self) -> list[bytes]:
         return [self._handshake(), self._rng.bytes(int(self._rng.integers(1, 200)))]

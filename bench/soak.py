@@ -49,6 +49,7 @@ from fleetrl.bench.soak_checks import (
     process_use,
     read_checkpoint,
     scan_steps,
+    taken_in,
     window_episodes,
 )
 from fleetrl.bench.soak_fleet import TrainActors
@@ -150,7 +151,7 @@ class LearnerProcess:
         status = self.status()
         if status is None:
             raise RuntimeError(f"the learner at {self.address} did not answer GetStatus")
-        return status.episodes
+        return taken_in(status)
 
     def sample_rss(self) -> tuple[float, int] | None:
         use = process_use(self.child.process.pid)
@@ -181,7 +182,7 @@ class Soak:
         self.rows: list[dict] = []
         # Before any actor: the learner's count, and no actor counters yet.
         status = self.learner.status()
-        self.baseline: Snapshot | None = Snapshot(time.monotonic(), status.episodes, status.env_steps, {})
+        self.baseline: Snapshot | None = Snapshot(time.monotonic(), taken_in(status), status.env_steps, {})
         self.actors = TrainActors(self.learner.address, FLAGS.num_actors, FLAGS.envs_per_actor,
                                   os.path.join(logdir, "logs"), FLAGS.seed, max_reconnect_s=300)
         self.children.start("eval-actor", [sys.executable, "-m", "fleetrl.launch.actor", "--mode=eval",
@@ -249,7 +250,7 @@ class Soak:
             status = self.learner.status()
             if status is None:
                 return None
-            end = Snapshot(time.monotonic(), status.episodes, status.env_steps, self.actors.counts())
+            end = Snapshot(time.monotonic(), taken_in(status), status.env_steps, self.actors.counts())
             after_probe = self._probe(status)
         finally:
             self.actors.resume()
@@ -262,7 +263,7 @@ class Soak:
     def _probe(self, status: pb.Status) -> int | None:
         """The probe's resend after a restart (if one came since its last step), then its new
         step; returns the learner's count after them (None when that is not known)."""
-        count = status.episodes
+        count = taken_in(status)
         try:
             if self.probe.held is not None and self.learner.restarts > self.probe_restarts_seen:
                 self.probe_restarts_seen = self.learner.restarts

@@ -11,6 +11,11 @@ died in between (taken in or not). A window that starts at a learner restart als
 the steps the actors resend to the new process: answered there, and counted unless the
 checkpoint it resumed from had counted them already. Anything above the answered
 episodes plus what may have been taken in unanswered is a double count.
+
+The learner's count here is what it took in (`taken_in`): the episodes it counted and
+those it could not vouch for. After a restart each env's first episode began before the new
+learner saw it, so the new learner takes its report in without counting it
+(`learner.episode_accounts`); the check is of the stream, once each, either way.
 """
 
 from __future__ import annotations
@@ -44,6 +49,11 @@ class WindowEpisodes(NamedTuple):
 
 
 _NONE = ActorCounts(0, 0, True)
+
+
+def taken_in(status) -> int:
+    """The episode reports a learner took in, from its `Status`: counted or unvouched."""
+    return status.episodes + status.unvouched_episodes
 
 
 def window_episodes(counted: int, start: dict[str, ActorCounts], end: dict[str, ActorCounts],

@@ -1,11 +1,13 @@
 """The soak run's probe of exactly-once counting across a learner restart.
 
-The probe is a pretend actor with one env. While the soak's actors are paused, it sends a
-new numbered step that carries one finished episode, and the learner's count must grow by
-exactly one. After the learner is killed and restarted, the probe sends that step again,
-as an actor does whose answer was lost with the learner. The new learner must answer it
-and count it again only if the checkpoint it resumed from had not counted it (the soak
-knows which from the checkpoint's episode count).
+The probe is a pretend actor with one env. While the soak's actors are paused, it sends
+the reset of a one-step episode and then the step that ends it, with its report, and the
+learner's count must grow by exactly one. After the learner is killed and restarted, the
+probe sends that last step again, as an actor does whose answer was lost with the learner.
+The new learner must answer it and take its report in again only if the checkpoint it
+resumed from had not counted it (the soak knows which from the checkpoint's episode count).
+It takes the report in as unvouched (it never saw that episode begin), so the soak counts
+what a learner took in: its episodes plus its unvouched ones.
 """
 
 from __future__ import annotations
@@ -33,14 +35,22 @@ class ResendProbe:
         self.held: pb.ActorMessage | None = None  # the last step sent: what a restart makes the probe resend
 
     def send_new(self, episode_return: float) -> None:
-        """A new step with one finished episode, of return `episode_return`."""
-        self._sequence += 1
-        step = step_message(np.zeros((1, 4), np.float32), np.ones(1, np.float32), np.zeros(1, bool),
-                            np.zeros(1, bool), self._run_ids,
-                            [pb.EpisodeStats(env_index=0, metrics={"return": episode_return})], {})
-        step.sequence = self._sequence
-        self.held = pb.ActorMessage(step=step)
+        """Two new steps: the reset of an episode, then its one step, of reward
+        `episode_return`, which ends it and carries its report. The learner counts an episode
+        only where its own account of the env's steps ends one (`learner.episode_accounts`)."""
+        self._send(self._step(0.0, done=False))
+        self.held = self._step(episode_return, done=True)
         self._send(self.held)
+
+    def _step(self, reward: float, done: bool) -> pb.ActorMessage:
+        self._sequence += 1
+        # The report names no length: after a restart the learner's account of this env
+        # begins at the resent step, so its length would differ from the probe's own.
+        episodes = [pb.EpisodeStats(env_index=0, metrics={"return": reward})] if done else []
+        step = step_message(np.zeros((1, 4), np.float32), np.full(1, reward, np.float32), np.full(1, done),
+                            np.zeros(1, bool), self._run_ids, episodes, {})
+        step.sequence = self._sequence
+        return pb.ActorMessage(step=step)
 
     def resend(self) -> None:
         self._send(self.held)
