@@ -32,7 +32,7 @@ log = logging.getLogger(__name__)
 # Counters of rare events (and unrolls left waiting), written once nonzero; settings, written
 # when they change.
 WHEN_NONZERO = frozenset({"learner/dropped_partial_unrolls", "learner/restarted_envs", "learner/rejected_messages",
-                          "learner/resent_steps",
+                          "learner/resent_steps", "learner/disputed_episodes", "learner/unvouched_episodes",
                           "learner/unroll_queue_size", "learner/failed_checkpoint_writes",
                           "learner/failed_summary_writes", "learner/failed_eval_writes"})
 WHEN_CHANGED = frozenset({"optim/learning_rate"})
