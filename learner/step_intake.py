@@ -101,5 +101,5 @@ class StepIntake:
             self._logged = {a: t for a, t in self._logged.items() if now - t < DISPUTE_LOG_INTERVAL_S}
         self._logged[actor] = now
         log.warning("actor %r reports episodes that differ from the steps the learner took in; the learner counts "
-                    "its own figures (learner/disputed_episodes in TensorBoard, %d so far; at most one line a minute per "
-                    "actor): %s", actor, self.run.accounts.disputed, "; ".join(disputes[:3]))
+                    "its own figures (learner/disputed_episodes in TensorBoard, %d so far; at most one line a minute "
+                    "per actor): %s", actor, self.run.accounts.disputed, "; ".join(disputes[:3]))
