@@ -32,6 +32,7 @@ from fleetrl.actor.channel import learner_channel
 from fleetrl.actor.config import ActorConfig
 from fleetrl.actor.env_groups import EnvGroup, env_actions, group_bounds, make_env_groups, step_message
 from fleetrl.actor.eval_episodes import EvalEpisodes, Pending
+from fleetrl.envs.space_check import EnvSpaceError
 from fleetrl.envs.vector import make_vector_env
 from fleetrl.problems.base import Problem
 from fleetrl.problems.registry import load_problem
@@ -83,6 +84,8 @@ class Actor:
             episodes = EvalEpisodes(problem, self.config.num_envs)
             try:
                 self._evaluate(problem_name, problem, episodes, max_steps)
+            except EnvSpaceError as e:
+                raise ActorError(str(e)) from None
             finally:
                 episodes.close()
                 self._channel.close()
@@ -101,9 +104,15 @@ class Actor:
         except ValueError as e:
             raise ActorError(str(e)) from None
         # Run ids are fresh per process, so a restarted actor never continues an old trajectory.
-        groups = make_env_groups(problem, vector_env, n, self.config.env_groups, new_run_ids(n), self.config.seed)
+        try:
+            groups = make_env_groups(problem, vector_env, n, self.config.env_groups, new_run_ids(n), self.config.seed)
+        except EnvSpaceError as e:  # the first reset's observation: the user's env, in one line
+            self._channel.close()
+            raise ActorError(str(e)) from None
         try:
             self._act(problem_name, problem, groups, max_steps)
+        except EnvSpaceError as e:
+            raise ActorError(str(e)) from None
         finally:
             for group in groups:
                 group.envs.close()

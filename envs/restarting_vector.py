@@ -28,6 +28,8 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
+from fleetrl.envs.space_check import EnvSpaceError
+
 log = logging.getLogger(__name__)
 
 
@@ -57,6 +59,8 @@ class EnvProcess:
             status, value = self.pipe.recv()
         except (EOFError, ConnectionResetError, BrokenPipeError):
             return False, None
+        if status == "space_error":
+            raise EnvSpaceError(value)
         if status == "error":
             raise RuntimeError(f"env process {self.process.name} raised:\n{value}")
         return True, value
@@ -92,12 +96,14 @@ def _serve(pipe: multiprocessing.connection.Connection, make_env: Callable[[], g
                 break
             try:
                 pipe.send(("ok", calls[command](payload)))
+            except EnvSpaceError as e:  # one line that names the fix: no traceback of this process
+                pipe.send(("space_error", str(e)))
             except Exception:  # the env's own error: the parent raises it with this traceback
                 pipe.send(("error", traceback.format_exc()))
+    except (KeyboardInterrupt, EOFError, ConnectionResetError, BrokenPipeError):  # the actor is ending, or gone
+        pass
     except Exception:
         pipe.send(("error", traceback.format_exc()))
-    except (KeyboardInterrupt, EOFError):  # the actor is ending
-        pass
     finally:
         if env is not None:
             env.close()

@@ -25,6 +25,7 @@ import torch
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
 from fleetrl.common.settings import check_choice, check_range, setting
 from fleetrl.envs.action_chunks import ACTION_REWARDS, ACTIONS_EXECUTED, ActionChunks
+from fleetrl.envs.space_check import SpaceCheck
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING, TeacherForcingDraws
 from fleetrl.losses.algorithms import ALGORITHMS, Algorithm, get_algorithm
 from fleetrl.losses.config import LossConfig
@@ -115,8 +116,9 @@ class Problem:
 
     def make_actor_env(self) -> gym.Env:
         """The env as actors step it: `make_env`, playing chunks of actions when chunk_size > 1,
-        and drawing teacher-forced episodes when teacher_forcing_fraction > 0."""
-        env = self.make_env()
+        and drawing teacher-forced episodes when teacher_forcing_fraction > 0. Every reset's
+        observation is checked against the env's observation space (`envs.space_check`)."""
+        env = SpaceCheck(self.make_env(), self.name or f"{type(self).__module__}:{type(self).__qualname__}")
         if self.config.chunk_size > 1:
             env = ActionChunks(env, self.config.chunk_size)
         if self.config.teacher_forcing_fraction > 0:
@@ -209,9 +211,16 @@ class Problem:
     def _spaces(self) -> tuple[gym.Space, gym.Space]:
         env = self.make_actor_env()
         try:
-            return env.observation_space, env.action_space
+            spaces = env.observation_space, env.action_space
         finally:
             env.close()
+        self.check_spaces(*spaces)
+        return spaces
+
+    def check_spaces(self, observation_space: gym.Space, action_space: gym.Space) -> None:
+        """Raises ValueError, naming the key and the fix, where the actor env's spaces (chunks
+        and teacher forcing applied) do not fit what this Problem's agent reads. Runs once,
+        when the specs are first asked for: at the learner's start and the actor's."""
 
     def observation_specs(self) -> Specs:
         return specs_from_space(self._spaces[0], "observation")
