@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping
 
+import gymnasium as gym
 import numpy as np
 import torch
 
@@ -152,7 +153,61 @@ class FlowVLAProblem(Problem):
 
     def corpus(self) -> list[str]:
         """Text like the instructions, for the tiny model's tokenizer."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} has no corpus(): model_path=tiny trains its tokenizer on it. Define "
+            "corpus(self) -> list[str], returning text like the instructions (every instruction, or a template "
+            "filled with every word an instruction may use), or pass --model_path to a real checkpoint")
+
+    def check_spaces(self, observation_space: gym.Space, action_space: gym.Space) -> None:
+        """The keys, dtypes and shapes the flow agent reads (docs/flow_vla.md, "Another
+        continuous Problem"), each refused with the fix."""
+        name, c = type(self).__name__, self.config
+        if not isinstance(observation_space, gym.spaces.Dict):
+            keys = [*self.IMAGE_KEYS, self.STATE_KEY, self.LANGUAGE_KEY]
+            raise ValueError(f"{name}: make_env's observation_space is a {type(observation_space).__name__}; the "
+                             f"flow VLA reads a gym.spaces.Dict with keys {keys}")
+        spaces = observation_space.spaces
+
+        def box(key: str, role: str) -> gym.spaces.Box:
+            space = spaces.get(key)
+            if not isinstance(space, gym.spaces.Box):
+                raise ValueError(f"{name}: the observation has no Box {key!r} ({role}); it has {sorted(spaces)}. Put "
+                                 f"it in make_env's observation, or set the class attribute naming the key")
+            return space
+
+        for key in self.IMAGE_KEYS:
+            image = box(key, "a camera image, named in IMAGE_KEYS")
+            if image.dtype != np.uint8 or len(image.shape) != 3 or image.shape[-1] != 3:
+                hint = " (channels last: [H, W, 3], not [3, H, W])" if image.shape[:1] == (3,) else ""
+                raise ValueError(f"{name}: image {key!r} is {image.dtype} {image.shape}; the flow VLA reads uint8 "
+                                 f"RGB images of shape [H, W, 3]{hint}")
+        state = box(self.STATE_KEY, "the robot's state, STATE_KEY")
+        if len(state.shape) != 1 or not np.issubdtype(state.dtype, np.floating):
+            raise ValueError(f"{name}: state {self.STATE_KEY!r} is {state.dtype} {state.shape}; the flow VLA reads a "
+                             "float32 vector [state_dim]")
+        language = box(self.LANGUAGE_KEY, "the instruction's UTF-8 bytes, LANGUAGE_KEY")
+        if len(language.shape) != 1 or language.dtype != np.uint8:
+            raise ValueError(f"{name}: language {self.LANGUAGE_KEY!r} is {language.dtype} {language.shape}; the flow "
+                             "VLA reads the instruction as uint8 [max_bytes]: its UTF-8 bytes, zero-padded")
+        one_action = (c.chunk_size,) if c.chunk_size > 1 else ()
+        if not isinstance(action_space, gym.spaces.Box) or action_space.shape[:len(one_action)] != one_action \
+                or len(action_space.shape) != len(one_action) + 1:
+            shape = action_space.shape if isinstance(action_space, gym.spaces.Box) else action_space
+            inner = shape[1:] if c.chunk_size > 1 and isinstance(action_space, gym.spaces.Box) else shape
+            raise ValueError(f"{name}: make_env's action_space is {inner}; the flow VLA needs a Box of one action, "
+                             f"[action_dim] (fleetrl plays chunks of chunk_size={c.chunk_size} itself)")
+        if c.teacher_forcing_fraction > 0:
+            action_dim = action_space.shape[-1]
+            oracle = spaces.get(c.oracle_key)
+            if oracle is None:
+                raise ValueError(f"{name}: teacher_forcing_fraction={c.teacher_forcing_fraction} and the observation "
+                                 f"has no {c.oracle_key!r} (the oracle's next actions, oracle_key); add it to "
+                                 f"make_env's observation, a float32 Box [chunk_size, action_dim] = "
+                                 f"[{c.chunk_size}, {action_dim}]")
+            if tuple(oracle.shape) not in {(c.chunk_size, action_dim), (c.chunk_size * action_dim,)}:
+                raise ValueError(f"{name}: the oracle {c.oracle_key!r} has shape {tuple(oracle.shape)}; it must be "
+                                 f"[chunk_size, action_dim] = [{c.chunk_size}, {action_dim}]: the oracle's next "
+                                 f"chunk_size actions")
 
     def model_path(self) -> str:
         c = self.config
