@@ -13,6 +13,7 @@ leaves the previous files whole, and a reader never sees half a file.
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import logging
 import os
@@ -92,6 +93,36 @@ def check_fits(checkpoint: Mapping[str, Any], problem: str, model: torch.nn.Modu
         if tuple(saved[name].shape) != tuple(tensor.shape):
             raise CheckpointError(f"{path}: {name} has shape {list(saved[name].shape)} in the checkpoint and "
                                   f"{list(tensor.shape)} in the agent (were the Problem's hparams the same?)")
+
+
+@dataclasses.dataclass
+class WeightTransfer:
+    taken: list[str]  # tensors of the checkpoint loaded into the model
+    left: list[str]  # tensors of the checkpoint the model has no place for
+    kept: list[str]  # tensors of the model the checkpoint lacks: as the model was built
+
+
+def load_fitting_weights(checkpoint: Mapping[str, Any], model: torch.nn.Module, path: str) -> WeightTransfer:
+    """Loads into `model` every tensor of `checkpoint` whose name it has, from any Problem,
+    and says what it took and what it did not. Raises CheckpointError naming the tensors
+    whose shapes differ, or when no name is shared."""
+    saved, expected = checkpoint["model"], model.state_dict()
+    if isinstance(model, Agent):
+        try:
+            model.check_weights(saved)
+        except ValueError as e:
+            raise CheckpointError(f"{path}: {e}") from None
+    shared = sorted(saved.keys() & expected.keys())
+    misshaped = [f"{name} {list(saved[name].shape)} in the checkpoint, {list(expected[name].shape)} here"
+                 for name in shared if tuple(saved[name].shape) != tuple(expected[name].shape)]
+    if misshaped:
+        raise CheckpointError(f"{path} (problem {checkpoint['problem']!r}) does not fit this agent: "
+                              f"{'; '.join(misshaped[:4])}{' ...' if len(misshaped) > 4 else ''}")
+    if not shared:
+        raise CheckpointError(f"{path} (problem {checkpoint['problem']!r}) shares no tensor name with this agent: "
+                              f"the checkpoint has {_some(saved.keys())}, the agent {_some(expected.keys())}")
+    model.load_state_dict({name: saved[name] for name in shared}, strict=False)
+    return WeightTransfer(shared, sorted(saved.keys() - expected.keys()), sorted(expected.keys() - saved.keys()))
 
 
 def _some(names, shown: int = 4) -> str:

@@ -92,6 +92,10 @@ class LearnerConfig:
                                                      "weights written to checkpoints/best.pt.")
     init_checkpoint: str = setting("", "Warm start: load only the weights of this checkpoint (a file, or a run's "
                                                    "logdir: its best.pt, else its latest) into a new run.")
+    init_checkpoint_any_problem: bool = setting(False, "Let --init_checkpoint come from another Problem (or a "
+                                                       "renamed one): its tensors whose names this agent has are "
+                                                       "taken, the learner's log names what was taken and what was "
+                                                       "not, and a shape that differs is refused with its name.")
 
     # Security (see fleetrl.learner.security).
     auth_token_file: str = setting("", "File holding the shared auth token (else $FLEETRL_AUTH_TOKEN); calls "

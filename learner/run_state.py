@@ -37,6 +37,7 @@ from fleetrl.learner.checkpoint import (
     CheckpointError,
     check_fits,
     load_checkpoint,
+    load_fitting_weights,
     resolve_checkpoint,
 )
 from fleetrl.learner.config import LearnerConfig
@@ -147,17 +148,30 @@ class RunState:
             self.best = value
         return better
 
+    def _warm_start(self, path: str) -> None:
+        checkpoint = load_checkpoint(path, self.device)
+        if self.config.init_checkpoint_any_problem:
+            moved = load_fitting_weights(checkpoint, self.agent, path)
+            log.info("warm start from the weights of %s (problem %s): took %d tensors %s; left %d the agent has "
+                     "no place for %s; kept %d the checkpoint lacks as built %s", path, checkpoint["problem"],
+                     len(moved.taken), moved.taken[:8], len(moved.left), moved.left[:8], len(moved.kept),
+                     moved.kept[:8])
+            return
+        if checkpoint["problem"] != self.config.problem:
+            raise CheckpointError(f"--init_checkpoint={path} was written by problem {checkpoint['problem']!r}, not "
+                                  f"{self.config.problem!r}; --init_checkpoint_any_problem takes its weights where "
+                                  "their names and shapes fit")
+        check_fits(checkpoint, self.config.problem, self.agent, path)
+        self.agent.load_state_dict(checkpoint["model"])
+        log.info("warm start from the weights of %s", path)
+
     def resume_or_warm_start(self) -> str | None:
         """Resumes from the logdir's latest checkpoint (returning its path); else loads only
         the weights of --init_checkpoint, if given."""
         latest = self.checkpoints.latest()
         if latest is None:
             if self.config.init_checkpoint:
-                path = resolve_checkpoint(self.config.init_checkpoint)
-                checkpoint = load_checkpoint(path, self.device)
-                check_fits(checkpoint, self.config.problem, self.agent, path)
-                self.agent.load_state_dict(checkpoint["model"])
-                log.info("warm start from the weights of %s", path)
+                self._warm_start(resolve_checkpoint(self.config.init_checkpoint))
             return None
         checkpoint = load_checkpoint(latest, self.device)
         check_fits(checkpoint, self.config.problem, self.agent, latest)

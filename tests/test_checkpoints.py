@@ -11,7 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from fleetrl.learner.checkpoint import CheckpointDir, CheckpointError, export_weights, load_checkpoint
+from fleetrl.learner.checkpoint import (
+    CheckpointDir,
+    CheckpointError,
+    export_weights,
+    load_checkpoint,
+    load_fitting_weights,
+)
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
 from fleetrl.problems import load_problem
@@ -104,6 +110,62 @@ def test_checkpoints_that_do_not_fit_are_refused_by_name(tmp_path):
     garbage.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match="is not a readable fleetrl checkpoint"):
         load_checkpoint(str(garbage))
+
+
+USER_PROBLEMS = textwrap.dedent("""
+    import gymnasium as gym
+
+    from fleetrl.agents import MLPAgent
+    from fleetrl.problems.base import Problem
+
+
+    class Balance(Problem):  # a user's own CartPole, under another name
+        def make_env(self):
+            return gym.make("CartPole-v1")
+
+        def make_agent(self):
+            return MLPAgent(4, 2, (64, 64), shared_torso=True)
+
+
+    class NarrowBalance(Balance):
+        def make_agent(self):
+            return MLPAgent(4, 2, (32, 32), shared_torso=True)
+""")
+
+
+def test_another_problems_weights_are_taken_by_choice_where_names_and_shapes_fit(tmp_path, unroll_batch,
+                                                                                  monkeypatch, caplog):
+    (tmp_path / "balance.py").write_text(USER_PROBLEMS)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    source = learner_on(tmp_path / "a", hparams={"shared_torso": "true"})
+    train_a_little(source, unroll_batch)
+    path = source.run_state.save()
+    source.server.stop(0)
+    with pytest.raises(CheckpointError, match="not 'balance:Balance'; --init_checkpoint_any_problem takes"):
+        learner_on(tmp_path / "refused", problem="balance:Balance", init_checkpoint=path)
+
+    with caplog.at_level("INFO", logger="fleetrl.learner.run_state"):
+        warm = learner_on(tmp_path / "b", problem="balance:Balance", init_checkpoint=path,
+                          init_checkpoint_any_problem=True)
+    for name, value in source.agent.state_dict().items():
+        assert torch.equal(warm.agent.state_dict()[name], value), name
+    taken = len(source.agent.state_dict())
+    assert f"(problem cartpole): took {taken} tensors" in caplog.text and "left 0" in caplog.text
+    warm.server.stop(0)
+    with pytest.raises(CheckpointError, match=r"does not fit this agent: baseline\.weight \[1, 64\] in the "
+                                              r"checkpoint, \[1, 32\] here; body\.0\.bias"):
+        learner_on(tmp_path / "narrow", problem="balance:NarrowBalance", init_checkpoint=path,
+                   init_checkpoint_any_problem=True)
+
+
+def test_fitting_weights_name_what_they_took_left_and_kept():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 2), torch.nn.Linear(2, 1))
+    saved = {"0.weight": torch.ones(2, 3), "0.bias": torch.ones(2), "head.weight": torch.ones(5)}
+    moved = load_fitting_weights({"problem": "other", "model": saved}, model, "x.pt")
+    assert (moved.taken, moved.left, moved.kept) == (["0.bias", "0.weight"], ["head.weight"], ["1.bias", "1.weight"])
+    assert torch.equal(model[0].weight, torch.ones(2, 3))
+    with pytest.raises(CheckpointError, match=r"x.pt \(problem 'other'\) shares no tensor name with this agent"):
+        load_fitting_weights({"problem": "other", "model": {"w": torch.ones(1)}}, model, "x.pt")
 
 
 SAVER = textwrap.dedent("""
