@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -27,6 +28,7 @@ from fleetrl.common.extras import MissingExtra
 from fleetrl.launch.configs import EvaluateConfig
 from fleetrl.launch.episode_recorder import EpisodeRecorder
 from fleetrl.launch.flags import define_flags, from_flags, run_main
+from fleetrl.launch.progress import EpisodeProgress
 from fleetrl.learner.env_state_store import build_state_store
 from fleetrl.learner.eval_inference import EvalInference, EvalRequest
 from fleetrl.learner.inference import StepRequest
@@ -38,9 +40,11 @@ define_flags(EvaluateConfig)
 
 
 def evaluate(problem, agent: torch.nn.Module, episodes: int, num_envs: int, device: torch.device,
-             recorder: EpisodeRecorder | None = None,
-             records: list[dict] | None = None) -> list[dict[str, float]]:
-    """Each episode's metrics, in episode order; the Problem's episode records go to `records`."""
+             recorder: EpisodeRecorder | None = None, records: list[dict] | None = None,
+             on_finished: Callable[[dict[int, dict[str, float]]], None] | None = None) -> list[dict[str, float]]:
+    """Each episode's metrics, in episode order; the Problem's episode records go to
+    `records`; `on_finished` sees the metrics of every episode finished so far, by episode,
+    after each step that finished one."""
     store = build_state_store(problem, agent, 0, device, record=False)
     inference = EvalInference(problem, store, device)
     num_envs = min(num_envs, episodes)
@@ -54,6 +58,8 @@ def evaluate(problem, agent: torch.nn.Module, episodes: int, num_envs: int, devi
         while envs.playing:
             pending = envs.pending()
             results.update((f.episode, f.metrics) for f in pending.finished)
+            if pending.finished and on_finished is not None:
+                on_finished(results)
             kept.update((f.episode, f.record) for f in pending.finished if f.record is not None)
             i = pending.env_indices
             request = StepRequest(slots=slots[i], run_ids=run_ids[i], observation=pending.observation,
@@ -109,7 +115,7 @@ def main(argv: list[str]) -> int:
     with torch.no_grad():
         records: list[dict] = []
         per_episode = evaluate(problem, agent, episodes, config.num_envs, torch.device(config.device), recorder,
-                               records)
+                               records, EpisodeProgress(episodes))
 
     names = sorted({k for metrics in per_episode for k in metrics})
     table = {n: [m[n] for m in per_episode if n in m] for n in names}

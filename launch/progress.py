@@ -1,4 +1,5 @@
-"""What launchers show: the live progress line, the final summary, and the next commands to run."""
+"""What launchers show: the live progress line, the final summary, the next commands to run, and
+an evaluation's episodes as they finish."""
 
 from __future__ import annotations
 
@@ -6,10 +7,30 @@ import math
 import os
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 from fleetrl.proto import learner_pb2 as pb
+
+
+class EpisodeProgress:
+    """Prints the episodes done and their running means, at most once every `interval_s`
+    (and for the last one): a long evaluation shows it is alive."""
+
+    def __init__(self, total: int, interval_s: float = 2.0, clock: Callable[[], float] = time.monotonic):
+        self.total, self.interval_s, self._clock = total, interval_s, clock
+        self._last = -math.inf
+
+    def __call__(self, results: dict[int, dict[str, float]]) -> None:
+        now = self._clock()
+        if now - self._last < self.interval_s and len(results) < self.total:
+            return
+        self._last = now
+        names = sorted({n for metrics in results.values() for n in metrics}, key=lambda n: (n != "return", n))
+        means = [f"{n} {np.mean([m[n] for m in results.values() if n in m]):.3g}" for n in names[:4]]
+        print(f"episodes {len(results):,}/{self.total:,} | " + " | ".join(means), flush=True)
 
 
 class Progress:
@@ -27,8 +48,13 @@ class Progress:
                 f"return (last {status.return_window}) {_number(status.mean_episode_return):>6} "
                 f"({status.episodes:,} eps) | lag {_number(status.policy_lag)} updates | "
                 f"trainer {status.trainer_steps:,} | actors {status.connected_actors}")
+        if not status.episodes and status.losses:  # a warm start: no episodes of its own, a loss to watch
+            name = "teacher_forcing" if "teacher_forcing" in status.losses else "total"
+            line += f" | loss {name} {status.losses[name]:.4g}"
         if status.eval_rounds:
-            line += f" | eval return {_number(status.eval_mean_return)} @ v{status.eval_policy_version:,}"
+            metric = status.eval_metric or "return"
+            line += " | eval " if metric == "return" else f" | eval {metric} {_number(status.eval_metric_value, 2)}, "
+            line += f"return {_number(status.eval_mean_return)} @ v{status.eval_policy_version:,}"
         if self.interactive:
             sys.stdout.write("\r\033[K" + line)
             sys.stdout.flush()
@@ -49,8 +75,8 @@ class Progress:
             self._unprinted = None
 
 
-def _number(value: float) -> str:
-    return "-" if math.isnan(value) else f"{value:.1f}"
+def _number(value: float, digits: int = 1) -> str:
+    return "-" if math.isnan(value) else f"{value:.{digits}f}"
 
 
 def print_summary(s: Mapping[str, Any]) -> None:

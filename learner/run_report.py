@@ -45,6 +45,7 @@ class ReportedRun(Protocol):
 def run_status(run: ReportedRun) -> pb.Status:
     counts = run.fleet.counts()
     last_eval = run.eval_rounds.last
+    eval_metric = run.config.best_metric or "return"
     inference = run.inference
     return pb.Status(
         env_steps=counts.env_steps, env_steps_per_s=run.env_rate.rate(counts.env_steps), episodes=counts.episodes,
@@ -56,7 +57,9 @@ def run_status(run: ReportedRun) -> pb.Status:
         eval_mean_return=last_eval.metrics.get("return", math.nan) if last_eval else math.nan,
         eval_rounds=run.eval_rounds.completed, return_window=run.config.return_window,
         resent_steps=run.step_ledger.resent, disputed_episodes=run.served.accounts.disputed,
-        unvouched_episodes=run.served.accounts.unvouched,
+        unvouched_episodes=run.served.accounts.unvouched, losses=run.trainer.last_losses,
+        eval_metric=eval_metric,
+        eval_metric_value=last_eval.metrics.get(eval_metric, math.nan) if last_eval else math.nan,
     )
 
 

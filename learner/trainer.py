@@ -79,6 +79,7 @@ class Trainer:
         # In updates (one batch's epochs x minibatches optimizer steps): how much older the
         # policy that acted is than the one being trained, averaged over the batch's steps.
         self.last_policy_lag = float("nan")
+        self.last_losses: dict[str, float] = {}  # the last batch's "loss/" logs, for the progress line
 
     def update(self, batch: UnrollBatch) -> dict[str, float]:
         """All epochs and minibatches of one batch; returns the mean of their logs."""
@@ -125,6 +126,8 @@ class Trainer:
             logs["ppo/stopped_early"] = float(steps[-1].stopped_early)
         self.last_policy_lag = float(lag) / (self.epochs * self.minibatches)
         logs["learner/policy_lag_updates"] = self.last_policy_lag
+        self.last_losses = {name[len("loss/"):]: float(value) for name, value in logs.items()
+                            if name.startswith("loss/")}
         return logs
 
     @torch.no_grad()

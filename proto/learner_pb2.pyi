@@ -216,7 +216,14 @@ class StatusRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class Status(_message.Message):
-    __slots__ = ("env_steps", "env_steps_per_s", "episodes", "mean_episode_return", "policy_lag", "trainer_steps", "connected_actors", "finished", "finished_reason", "uptime_s", "mean_inference_batch_size", "eval_policy_version", "eval_mean_return", "eval_rounds", "return_window", "resent_steps", "disputed_episodes", "unvouched_episodes")
+    __slots__ = ("env_steps", "env_steps_per_s", "episodes", "mean_episode_return", "policy_lag", "trainer_steps", "connected_actors", "finished", "finished_reason", "uptime_s", "mean_inference_batch_size", "eval_policy_version", "eval_mean_return", "eval_rounds", "return_window", "resent_steps", "disputed_episodes", "unvouched_episodes", "losses", "eval_metric", "eval_metric_value")
+    class LossesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: float
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
     ENV_STEPS_FIELD_NUMBER: _ClassVar[int]
     ENV_STEPS_PER_S_FIELD_NUMBER: _ClassVar[int]
     EPISODES_FIELD_NUMBER: _ClassVar[int]
@@ -235,6 +242,9 @@ class Status(_message.Message):
     RESENT_STEPS_FIELD_NUMBER: _ClassVar[int]
     DISPUTED_EPISODES_FIELD_NUMBER: _ClassVar[int]
     UNVOUCHED_EPISODES_FIELD_NUMBER: _ClassVar[int]
+    LOSSES_FIELD_NUMBER: _ClassVar[int]
+    EVAL_METRIC_FIELD_NUMBER: _ClassVar[int]
+    EVAL_METRIC_VALUE_FIELD_NUMBER: _ClassVar[int]
     env_steps: int
     env_steps_per_s: float
     episodes: int
@@ -253,7 +263,10 @@ class Status(_message.Message):
     resent_steps: int
     disputed_episodes: int
     unvouched_episodes: int
-    def __init__(self, env_steps: _Optional[int] = ..., env_steps_per_s: _Optional[float] = ..., episodes: _Optional[int] = ..., mean_episode_return: _Optional[float] = ..., policy_lag: _Optional[float] = ..., trainer_steps: _Optional[int] = ..., connected_actors: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_reason: _Optional[str] = ..., uptime_s: _Optional[float] = ..., mean_inference_batch_size: _Optional[float] = ..., eval_policy_version: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_rounds: _Optional[int] = ..., return_window: _Optional[int] = ..., resent_steps: _Optional[int] = ..., disputed_episodes: _Optional[int] = ..., unvouched_episodes: _Optional[int] = ...) -> None: ...
+    losses: _containers.ScalarMap[str, float]
+    eval_metric: str
+    eval_metric_value: float
+    def __init__(self, env_steps: _Optional[int] = ..., env_steps_per_s: _Optional[float] = ..., episodes: _Optional[int] = ..., mean_episode_return: _Optional[float] = ..., policy_lag: _Optional[float] = ..., trainer_steps: _Optional[int] = ..., connected_actors: _Optional[int] = ..., finished: _Optional[bool] = ..., finished_reason: _Optional[str] = ..., uptime_s: _Optional[float] = ..., mean_inference_batch_size: _Optional[float] = ..., eval_policy_version: _Optional[int] = ..., eval_mean_return: _Optional[float] = ..., eval_rounds: _Optional[int] = ..., return_window: _Optional[int] = ..., resent_steps: _Optional[int] = ..., disputed_episodes: _Optional[int] = ..., unvouched_episodes: _Optional[int] = ..., losses: _Optional[_Mapping[str, float]] = ..., eval_metric: _Optional[str] = ..., eval_metric_value: _Optional[float] = ...) -> None: ...
 
 class EvalWorkRequest(_message.Message):
     __slots__ = ("actor_id", "max_episodes")

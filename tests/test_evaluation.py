@@ -11,6 +11,7 @@ import pytest
 import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+from fleetrl.launch.progress import EpisodeProgress
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.eval_rounds import EvalRounds
 
@@ -80,6 +81,10 @@ def test_standalone_evaluation_records_image_episodes(tmp_path, video_format):
     assert "return" in result.stdout and "success" in result.stdout  # the table
     report = json.loads((out / "metrics.json").read_text())
     assert report["episodes"] == 5 and len(report["per_episode"]) == 5
+    # Progress as episodes finish, the last line over all of them, before the table.
+    progress = [line for line in result.stdout.splitlines() if line.startswith("episodes ")]
+    mean_return = sum(e["return"] for e in report["per_episode"]) / 5
+    assert progress and progress[-1].startswith(f"episodes 5/5 | return {mean_return:.3g} |"), result.stdout
     lengths = [episode["length"] for episode in report["per_episode"]]
     for episode in range(3):
         path = out / f"episode_{episode:04d}.{video_format}"
@@ -187,3 +192,15 @@ def test_standalone_evaluation_sets_hparams_over_the_checkpoints_own(tmp_path):
     report = json.loads((tmp_path / "eval" / "metrics.json").read_text())
     assert report["hparams"]["discount"] == "0.9" and report["hparams"]["max_episode_steps"] == "5"
     assert max(episode["length"] for episode in report["per_episode"]) <= 5
+
+
+def test_evaluation_progress_prints_as_episodes_finish_at_most_every_interval(capsys):
+    now = [0.0]
+    progress = EpisodeProgress(total=4, interval_s=2.0, clock=lambda: now[0])
+    progress({0: {"return": 1.0, "success": 1.0}})
+    now[0] = 1.0
+    progress({0: {"return": 1.0, "success": 1.0}, 1: {"return": 0.0, "success": 0.0}})  # within 2 s: held
+    now[0] = 1.5
+    progress({e: {"return": float(e), "success": 0.0} for e in range(4)})  # the last: always
+    assert capsys.readouterr().out.splitlines() == ["episodes 1/4 | return 1 | success 1",
+                                                    "episodes 4/4 | return 1.5 | success 0"]
