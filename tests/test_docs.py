@@ -100,6 +100,18 @@ def test_every_documented_command_takes_its_flags(repo_root, tmp_path):
             f"{where}\n{output}"
 
 
+TRAINING_MODULES = {"fleetrl.launch.local", "fleetrl.launch.learner", "fleetrl.launch.ray", "fleetrl.launch.debug"}
+
+
+def test_every_documented_training_command_has_a_step_budget(repo_root):
+    """A run with no budget runs forever on a seed that never reaches its target."""
+    commands = [(name, argv) for name, argv in documented_commands(repo_root)
+                if argv[0] in TRAINING_MODULES and len(argv) > 1]  # a bare module named in prose is no command
+    unbounded = [f"{name}: {shlex.join(argv)}" for name, argv in commands
+                 if not any(arg.startswith("--total_env_steps=") for arg in argv)]
+    assert len(commands) >= 20 and not unbounded, unbounded
+
+
 def test_joined_commands_keep_every_flag_and_apart_what_another_problem_defines():
     commands = [("a.md", ["fleetrl.launch.local", "--problem=r2r", "--seed=1"]),
                 ("b.md", ["fleetrl.launch.local", "--problem=r2r", "--seed=1", "--num_actors=2"]),
@@ -119,12 +131,12 @@ def test_the_readmes_own_problem_learns_with_the_defaults(repo_root, tmp_path, l
     """The README's example Problem, copied from it, run by its documented command."""
     readme = (repo_root / "README.md").read_text()
     code = re.search(r"```python\n(# my_pkg/nav.py\n.*?)```", readme, re.S).group(1)
-    command = re.search(r"PYTHONPATH=\. \.venv/bin/python -m fleetrl\.launch\.local ([^\n]+)", readme).group(1)
+    command = re.search(r"PYTHONPATH=\. \.venv/bin/python -m fleetrl\.launch\.local ([^\n]+)",
+                        readme.replace("\\\n", " ")).group(1)
     (tmp_path / "my_pkg").mkdir()
     (tmp_path / "my_pkg" / "__init__.py").write_text("")
     (tmp_path / "my_pkg" / "nav.py").write_text(code)
-    summary = local_run.train_to_target(tmp_path / "run", *shlex.split(command), "--total_env_steps=400000",
-                                        pythonpath=tmp_path, cwd=tmp_path)
+    summary = local_run.train_to_target(tmp_path / "run", *shlex.split(command), pythonpath=tmp_path, cwd=tmp_path)
     assert summary["mean_episode_return"] >= -120  # random play: -500
 
 
