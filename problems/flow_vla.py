@@ -11,9 +11,11 @@ actors. Teacher forcing, and the supervised warm start it makes with
 `algorithm=supervised, teacher_forcing_fraction=1`, trains pi0's flow-matching loss on the
 oracle's chunk (under `oracle_key`).
 
-A subclass gives the env (`make_env`: a Box-action env whose observation holds the
-`image_keys`, `state_key` and `language_key`, and the oracle's chunk when teacher forcing
-is on) and `corpus()`, the text the tiny model's tokenizer learns.
+A subclass gives the env (`make_env`: a one-action Box env whose observation holds the
+keys that the class attributes `IMAGE_KEYS`, `STATE_KEY` and `LANGUAGE_KEY` name, and the
+oracle's chunk under `oracle_key` when teacher forcing is on) and `corpus()`, the text the
+tiny model's tokenizer learns; `check_spaces` holds the env to that.
+docs/examples/point_line.py is a whole one, with every key's dtype and shape.
 """
 
 from __future__ import annotations
