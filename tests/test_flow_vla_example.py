@@ -46,7 +46,7 @@ def test_the_documented_warm_start_then_ppo_runs_as_printed(repo_root, tmp_path,
     assert "| loss teacher_forcing " in outputs[0]
     assert "warm start from the weights of" in (logdirs[1] / "logs" / "learner.log").read_text()
     # PPO's first eval round plays the warm-started weights (measured: 93-100%; random play
-    # 35%), and PPO, whose rounds can dip (63% once in nine), gets back to the warm start's level.
+    # 35%). PPO's later rounds can dip (63% once in nine), so one round of 85% is asked for.
     rounds = [json.loads(line) for line in (logdirs[1] / "eval.jsonl").read_text().splitlines()]
     assert len(rounds) >= 2 and rounds[0]["success"] >= 0.7 and max(r["success"] for r in rounds) >= 0.85, rounds
     assert "| eval success " in outputs[1]
