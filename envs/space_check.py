@@ -12,7 +12,9 @@ class, the key, and the expected and received shape and dtype.
 
 Only resets are checked: once an episode, so the check costs nothing per step
 (`bench/space_check.py` measures it). An action the env rejects (its `step` raises) is
-re-raised as an `EnvSpaceError` that names the action's shape and dtype beside the space.
+re-raised as an `EnvSpaceError` that names the action's shape and dtype beside the space,
+when the action is not in it; an env's own error on an action of its space is left as it is
+(its traceback, and a debugger's post mortem, stay in the env).
 """
 
 from __future__ import annotations
@@ -46,11 +48,13 @@ class SpaceCheck(gym.Wrapper):
         except EnvSpaceError:
             raise
         except Exception as e:
+            if self.env.action_space.contains(action):  # the env's own error: its traceback, untouched
+                raise
             array = np.asarray(action) if not isinstance(action, dict) else None
             got = (f"shape {array.shape}, dtype {array.dtype}" if array is not None
                    else f"keys {sorted(action)}")
             raise EnvSpaceError(f"problem {self._problem}: {type(self.env.unwrapped).__name__}.step rejected the "
-                                f"action ({got}) for its action_space {self.env.action_space}: "
+                                f"action ({got}), which is not in its action_space {self.env.action_space}: "
                                 f"{type(e).__name__}: {e}") from e
 
 

@@ -57,11 +57,6 @@ USER_MODULE = textwrap.dedent('''
 
     class LaterBadLine(LineProblem):
         bad_after = 3
-
-
-    class RejectingLine(LineProblem):
-        bad_after = 10**9
-        reject_action = 1
 ''')
 
 
@@ -90,13 +85,23 @@ def test_an_observation_that_does_not_fit_its_space_stops_the_actor_in_one_line(
     assert not learner.status().finished
 
 
-def test_an_action_the_env_rejects_names_the_action_and_the_space(serve, user_module):
-    learner = serve(problem=f"{user_module}:RejectingLine")
-    actor = Actor(ActorConfig(learner_address=learner.address, num_envs=4))
-    with pytest.raises(ActorError, match=r"^problem line_user:RejectingLine: LineEnv.step rejected the action "
-                                         r"\(shape \(\), dtype int64\) for its action_space Discrete\(2\): "
-                                         r"ValueError: action 1 is not allowed here$"):
-        actor.run(max_steps=500)
+def test_an_action_outside_the_space_that_the_env_rejects_is_named_and_an_envs_own_error_left_as_is():
+    class Env(gym.Env):
+        observation_space, action_space = gym.spaces.Box(-1, 1, (1,), np.float32), gym.spaces.Box(-1, 1, (2,))
+
+        def step(self, action):
+            if np.abs(action).max() > 1:
+                raise AssertionError("action out of bounds")
+            raise ZeroDivisionError("the env's own bug")
+
+    env = SpaceCheck(Env(), "my_pkg:MyProblem")
+    with pytest.raises(EnvSpaceError, match=r"^problem my_pkg:MyProblem: Env.step rejected the action \(shape "
+                                            r"\(2,\), dtype float64\), which is not in its action_space "
+                                            r"Box\(-1\.0, 1\.0, \(2,\), float32\): AssertionError: action out "
+                                            r"of bounds$"):
+        env.step(np.array([1.5, 0.0]))
+    with pytest.raises(ZeroDivisionError, match="the env's own bug"):  # an action of its space: the env's error
+        env.step(np.zeros(2, np.float32))
 
 
 def test_space_check_takes_float64_for_float32_and_refuses_a_float_image_or_a_missing_key():
