@@ -20,9 +20,13 @@ from absl import app, flags
 
 from fleetrl.envs.space_check import SpaceCheck, observation_mismatch
 
-flags.DEFINE_integer("steps", 200_000, "CartPole steps per timing.")
-flags.DEFINE_integer("repeats", 5, "Timings of each; the median is printed.")
 FLAGS = flags.FLAGS
+
+
+def define_flags() -> None:
+    """Defined when run, not on import: every fleetrl module imports in one process (tests)."""
+    flags.DEFINE_integer("steps", 200_000, "CartPole steps per timing.")
+    flags.DEFINE_integer("repeats", 5, "Timings of each; the median is printed.")
 
 
 def steps_per_s(env: gym.Env, steps: int) -> float:
@@ -61,4 +65,5 @@ def main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
+    define_flags()
     app.run(main)
