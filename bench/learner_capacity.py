@@ -10,7 +10,8 @@ For each Problem, streams x envs per stream, and training off and on, one cell:
   each (`--client=sync`, as actors do), or all on one event loop (`--client=aio`, cheaper
   per message, so more of a small machine's cores go to the learner). A stream
   handshakes as an actor does, then sends pre-encoded, valid Step messages (real
-  observations of the Problem's env, episodes ending every `--episode_length` steps) and
+  observations of the Problem's env, episodes ending every `--episode_length` steps, each
+  reported with its return and length as a healthy actor would) and
   waits for each answer. Clients do no env work, so what is measured is the
   learner.
 
@@ -96,9 +97,14 @@ def step_messages(problem_name: str, num_envs: int, episode_length: int) -> tupl
         observations = {name: np.stack([o[name] for o in picked]) for name in picked[0]}
         ended = [(k + j) % episode_length == episode_length - 1 for j in range(num_envs)]
         extras = vector_extras({}, extra_specs, num_envs)
+        # Each ended episode reported as a healthy actor does: the step after an end is the
+        # next episode's reset, so an episode is episode_length - 1 rewarded steps.
+        episodes = [pb.EpisodeStats(env_index=j, metrics={"return": episode_length - 1.0,
+                                                          "length": episode_length - 1.0})
+                    for j in range(num_envs) if ended[j]]
         step = pb.Step(env_indices=range(num_envs), run_ids=run_ids, observations=encode_all(observations),
                        rewards=[1.0] * num_envs, terminated=ended, truncated=[False] * num_envs,
-                       extras=encode_all(extras))
+                       extras=encode_all(extras), finished_episodes=episodes)
         messages.append(pb.ActorMessage(step=step).SerializeToString())
     return handshake, messages
 

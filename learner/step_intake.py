@@ -49,7 +49,7 @@ class StepIntake:
             ended = accounts.step(request.slots, request.run_ids, request.reward,
                                   request.terminated | request.truncated)
             if len(ended.rows) or episodes:
-                verdict = vouch(ended, episodes, np.asarray(step.env_indices))
+                verdict = vouch(ended, episodes, step.env_indices)
                 accounts.disputed += len(verdict.disputes)
                 accounts.unvouched += verdict.unvouched
                 if verdict.disputes:

@@ -92,12 +92,11 @@ class WireDecoder:
         if (run_ids == 0).any():
             raise WireError("run_ids: 0 is reserved, use a random nonzero id per env")
         rewards = np.array(step.rewards[:], np.float32)
-        if not np.isfinite(rewards).all():
-            bad = int(indices[~np.isfinite(rewards)][0])
-            raise WireError(f"rewards: env {bad} has a NaN or infinite reward")
         bound = self.run.metric_rules.bound
-        if (np.abs(rewards) > bound).any():
-            row = int(np.flatnonzero(np.abs(rewards) > bound)[0])
+        if not (np.abs(rewards) <= bound).all():  # one test for NaN, inf and too large
+            row = int(np.flatnonzero(~(np.abs(rewards) <= bound))[0])
+            if not np.isfinite(rewards[row]):
+                raise WireError(f"rewards: env {int(indices[row])} has a NaN or infinite reward")
             raise WireError(f"rewards: env {int(indices[row])} has a reward of {float(rewards[row]):g}, beyond the "
                             f"problem's bound of {bound:g} (Problem.metric_bound)")
         request = StepRequest(
@@ -116,13 +115,15 @@ class WireDecoder:
         if len(reports) > len(indices):
             raise WireError(f"finished_episodes has {len(reports)} episodes for a step of {len(indices)} envs: at "
                             "most one per env")
-        row_of = {int(env): row for row, env in enumerate(indices.tolist())}
+        listed = indices.tolist()  # a few reports a step: list.index beats building a dict
         done = request.terminated | request.truncated
         episodes, rows = [], set()
         for report in reports:
-            row = row_of.get(report.env_index)
-            if row is None:
-                raise WireError(f"finished_episodes: env {report.env_index} is not in this step's env_indices")
+            try:
+                row = listed.index(report.env_index)
+            except ValueError:
+                raise WireError(f"finished_episodes: env {report.env_index} is not in this step's env_indices") \
+                    from None
             if row in rows:
                 raise WireError(f"finished_episodes: env {report.env_index} has more than one episode in this step")
             if not done[row]:
