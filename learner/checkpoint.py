@@ -79,11 +79,7 @@ def check_fits(checkpoint: Mapping[str, Any], problem: str, model: torch.nn.Modu
     if checkpoint["problem"] != problem and not other_problem:
         raise CheckpointError(f"{path} was written by problem {checkpoint['problem']!r}, not {problem!r}")
     saved = checkpoint["model"]
-    if isinstance(model, Agent):
-        try:
-            model.check_weights(saved)
-        except ValueError as e:
-            raise CheckpointError(f"{path}: {e}") from None
+    _check_agent_weights(model, saved, path)
     expected = model.state_dict()
     missing, extra = expected.keys() - saved.keys(), saved.keys() - expected.keys()
     if missing or extra:
@@ -107,11 +103,7 @@ def load_fitting_weights(checkpoint: Mapping[str, Any], model: torch.nn.Module, 
     and says what it took and what it did not. Raises CheckpointError naming the tensors
     whose shapes differ, or when no name is shared."""
     saved, expected = checkpoint["model"], model.state_dict()
-    if isinstance(model, Agent):
-        try:
-            model.check_weights(saved)
-        except ValueError as e:
-            raise CheckpointError(f"{path}: {e}") from None
+    _check_agent_weights(model, saved, path)
     shared = sorted(saved.keys() & expected.keys())
     misshaped = [f"{name} {list(saved[name].shape)} in the checkpoint, {list(expected[name].shape)} here"
                  for name in shared if tuple(saved[name].shape) != tuple(expected[name].shape)]
@@ -123,6 +115,15 @@ def load_fitting_weights(checkpoint: Mapping[str, Any], model: torch.nn.Module, 
                               f"the checkpoint has {_some(saved.keys())}, the agent {_some(expected.keys())}")
     model.load_state_dict({name: saved[name] for name in shared}, strict=False)
     return WeightTransfer(shared, sorted(saved.keys() - expected.keys()), sorted(expected.keys() - saved.keys()))
+
+
+def _check_agent_weights(model: torch.nn.Module, saved: Mapping[str, torch.Tensor], path: str) -> None:
+    """An agent's own reasons to refuse weights that names and shapes do not show."""
+    if isinstance(model, Agent):
+        try:
+            model.check_weights(saved)
+        except ValueError as e:
+            raise CheckpointError(f"{path}: {e}") from None
 
 
 def _some(names, shown: int = 4) -> str:

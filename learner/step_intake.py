@@ -35,10 +35,9 @@ DISPUTE_LOG_INTERVAL_S = 60.0
 
 
 class StepIntake:
-    def __init__(self, run: ServedRun, clock=time.monotonic):
+    def __init__(self, run: ServedRun):
         self.run = run
         self.decoder = WireDecoder(run)
-        self._clock = clock
         self._logged: dict[str, float] = {}  # actor -> when its disputes were last logged
 
     def train_request(self, step: pb.Step, slots: np.ndarray, num_envs: int, actor: str = "") -> StepRequest:
@@ -94,7 +93,7 @@ class StepIntake:
         self.run.episodes.extend(metrics for group, metrics in episodes if group == TRAIN)
 
     def _log_disputes(self, actor: str, disputes: list[str]) -> None:
-        now = self._clock()
+        now = time.monotonic()
         if now - self._logged.get(actor, -DISPUTE_LOG_INTERVAL_S) < DISPUTE_LOG_INTERVAL_S:
             return
         if len(self._logged) > 4096:  # actors long gone

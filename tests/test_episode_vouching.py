@@ -279,14 +279,15 @@ class StaleReportProblem(Problem):
 
 
 def test_a_user_env_that_double_reports_after_an_autoreset_is_counted_at_the_learners_figures(
-        tmp_path, monkeypatch, serve):
+        tmp_path, monkeypatch, serve, caplog):
     (tmp_path / "buggy_user_env.py").write_text(textwrap.dedent(BUGGY_PROBLEM))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "buggy_user_env", raising=False)
     # The reported running totals pass 6 within a few episodes; the real returns are 4 and 1.
     learner = serve(problem="buggy_user_env:StaleReportProblem", target_mean_return=6.0, return_window=8)
     actor = Actor(ActorConfig(learner_address=learner.address, num_envs=4, actor_id="buggy"))
-    actor.run(max_steps=200)
+    with caplog.at_level("WARNING", logger="fleetrl.learner.step_intake"):
+        actor.run(max_steps=200)
     status = learner.status()
     assert not status.finished, status.finished_reason
     assert status.episodes == actor.episodes_sent > 50
@@ -294,6 +295,10 @@ def test_a_user_env_that_double_reports_after_an_autoreset_is_counted_at_the_lea
     assert status.mean_episode_return == pytest.approx(2.5)
     # Every report but each env's first (a running total of 4 is that episode's return) is disputed.
     assert status.disputed_episodes == actor.episodes_sent - 4 and status.unvouched_episodes == 0
+    # Dozens of disputes within seconds, one line: the first stale total (5 for a 1-step episode).
+    (line,) = [r.getMessage() for r in caplog.records if "differ from the steps" in r.getMessage()]
+    assert line.startswith("actor 'buggy' reports") and "reported return 5.0, length 1.0; the learner's: return 1," \
+        in line, line
 
 
 def test_the_soaks_hostile_client_has_every_kind_of_damage_refused(serve, eventually):
