@@ -131,3 +131,31 @@ def test_a_soft_reset_starts_from_the_state_a_rebuild_starts_from(suite, tasks, 
     finally:
         hard.close()
         soft.close()
+
+
+def test_two_envs_of_one_process_on_different_scenes_render_what_each_renders_alone():
+    """robosuite renders into, and frees its render context in, whichever GL context is
+    current, and each build makes its own current: the env makes its own current first."""
+
+    def play(env: LiberoEnv, task_index: int) -> list[np.ndarray]:
+        return [env.reset(seed=1, options={"task_index": task_index, "trial": 0})[0]["main_image"]]
+
+    alone = []
+    for task_index in (0, 1):
+        env = LiberoEnv("libero_10", (0, 2), **settings())  # a living room, then a kitchen
+        frames = play(env, task_index)
+        frames += [env.step(np.zeros(7, np.float32))[0]["main_image"] for _ in range(3)]
+        env.close()
+        alone.append(frames)
+    living_room, kitchen = LiberoEnv("libero_10", (0, 2), **settings()), LiberoEnv("libero_10", (0, 2), **settings())
+    try:
+        together = [play(living_room, 0), play(kitchen, 1)]
+        for _ in range(3):
+            for env, frames in zip((living_room, kitchen), together):
+                frames.append(env.step(np.zeros(7, np.float32))[0]["main_image"])
+        for frames, expected in zip(together, alone):
+            for step, (got, want) in enumerate(zip(frames, expected)):
+                assert np.array_equal(got, want), step
+    finally:
+        living_room.close()
+        kitchen.close()

@@ -32,13 +32,18 @@ def test_episode_metrics_report_success_per_task():
     assert metrics == {"success_once": 1.0, "episode_len": 37.0, "task_4/success": 1.0}
 
 
-def test_training_may_render_without_msaa_but_eval_always_renders_with_it():
-    problem = load_problem("libero", {"suite": "libero_10", "msaa": "False", "episodes_per_task": "4"})
+def test_training_may_render_without_msaa_or_with_light_meshes_but_eval_renders_as_libero_does():
+    problem = load_problem("libero", {"suite": "libero_10", "msaa": "False", "episodes_per_task": "4",
+                                      "mesh_detail": "0.25"})
     train, evaluate = problem.make_actor_env(), problem.make_eval_env()
     assert (train.unwrapped.msaa, evaluate.unwrapped.msaa) == (False, True)
+    assert (train.unwrapped.mesh_detail, evaluate.unwrapped.mesh_detail) == (0.25, 1.0)
     assert train.unwrapped.episodes_per_task == 4 and train.unwrapped.soft_reset
     with pytest.raises(ValueError, match="episodes_per_task"):
         load_problem("libero", {"episodes_per_task": "0"})
+    for detail in ("0", "1.5"):
+        with pytest.raises(ValueError, match="mesh_detail"):
+            load_problem("libero", {"mesh_detail": detail})
 
 
 @pytest.mark.slow

@@ -32,26 +32,28 @@ class CameraGate:
         if any(robosuite_env.camera_depths) or robosuite_env.camera_segmentations is not None and \
                 any(s is not None for s in robosuite_env.camera_segmentations):
             raise ValueError("CameraGate gates RGB cameras only; this env also renders depth or segmentation")
-        self.open = True
+        self.open = False  # robosuite calls a sensor once when it is set: closed, that renders nothing
         self._env = robosuite_env
         self._snapshot: mujoco.MjData | None = None
         self._snapshot_colours: dict[str, np.ndarray] = {}
         self._snapshot_time = -1.0
         self._sensors: dict[str, Callable[[dict], np.ndarray]] = {}
-        for camera in robosuite_env.camera_names:
+        for camera, height, width in zip(robosuite_env.camera_names, robosuite_env.camera_heights,
+                                         robosuite_env.camera_widths):
             name = f"{camera}_image"
             self._sensors[name] = robosuite_env._observables[name]._sensor
-            robosuite_env.modify_observable(name, "sensor", self._gated(name, self._sensors[name]))
+            placeholder = np.zeros((height, width, 3), np.uint8)  # what robosuite's RGB sensor returns
+            robosuite_env.modify_observable(name, "sensor", self._gated(self._sensors[name], placeholder))
+        self.set(True)
 
     def set(self, open_: bool) -> None:
         """Opens or closes the gate for what runs next (a step, a reset's settling)."""
         self.open, self._snapshot = open_, None
 
-    def _gated(self, name: str, render: Callable[[dict], np.ndarray]) -> Callable[[dict], np.ndarray]:
-        placeholder = np.asarray(render({}))  # robosuite probes a sensor once, with an empty cache
-
+    def _gated(self, render: Callable[[dict], np.ndarray], placeholder: np.ndarray) -> Callable[[dict], np.ndarray]:
         def sensor(obs_cache: dict) -> np.ndarray:
             if self.open:
+                self._make_current()
                 return render(obs_cache)
             data = self._env.sim.data._data
             if self._snapshot is None or self._snapshot_time != data.time:  # the cameras sample at one substep
@@ -63,6 +65,9 @@ class CameraGate:
         sensor.__modality__ = render.__modality__  # robosuite's @sensor marks it
         return sensor
 
+    def _make_current(self) -> None:
+        make_current(self._env)
+
     def render_closed_step(self) -> dict[str, np.ndarray]:
         """Each camera's image as robosuite would have rendered it in the last step, which ran
         with the gate closed: rendered from the simulator's data as it was then."""
@@ -73,6 +78,7 @@ class CameraGate:
         live_data = context.data
         live_colours = {name: getattr(model, name).copy() for name in _COLOURS}
         context.data = _DataView(self._snapshot)
+        self._make_current()
         for name, colours in self._snapshot_colours.items():
             getattr(model, name)[:] = colours
         try:
@@ -94,13 +100,27 @@ class _DataView:
         self._data = data
 
 
+def make_current(robosuite_env: Any) -> None:
+    """Makes the env's GL context the current one. robosuite assumes it is when it renders and
+    when it frees a render context (a close, a hard reset), but another env's build in this
+    process makes its own current: rendering into it, or freeing there, spoils both envs."""
+    context = robosuite_env.sim._render_context_offscreen
+    if context is not None:
+        context.gl_ctx.make_current()
+
+
 def set_msaa(robosuite_env: Any, samples: int) -> None:
     """Sets the offscreen multisampling (MuJoCo's default, 4, smooths edges and costs about 40%
-    of a render on a CPU host; 0 turns it off) and rebuilds the render context's buffers."""
+    of a render on a CPU host; 0 turns it off). The render context must be made afresh."""
+    robosuite_env.sim.model._model.vis.quality.offsamples = samples
+
+
+def renew_render_context(robosuite_env: Any) -> None:
+    """Makes the offscreen render context again, from the model as it is now (its
+    multisampling, its meshes): the context holds copies of both."""
     import mujoco
 
     sim = robosuite_env.sim
-    sim.model._model.vis.quality.offsamples = samples
     context = sim._render_context_offscreen
     if context is None:
         return

@@ -26,7 +26,9 @@ rebuild would. `render_every_step` renders as robosuite does by default, every c
 every step (for videos of every action). `episodes_per_task` > 1 keeps a task for that many episodes, which saves the
 rebuilds a task change costs, at the price of less mixed batches. `msaa=False` renders
 without multisampling (faster on CPUs; edges change by a few levels of 255).
-`asset_cache=False` empties MuJoCo's asset cache after each build: 0.5-0.6 GB less per
+`mesh_detail` < 1 renders lighter scenes: every visual mesh keeps that fraction of its faces
+(`fleetrl.envs.libero.light_meshes`; renders several times faster on a CPU, the physics
+unchanged). `asset_cache=False` empties MuJoCo's asset cache after each build: 0.5-0.6 GB less per
 process, and a task change's build takes about twice as long (an env of one task that
 resets softly never builds again, so it always empties the cache).
 """
@@ -40,8 +42,9 @@ import math
 import gymnasium as gym
 import numpy as np
 
-from fleetrl.envs.libero.camera_gate import CameraGate, set_msaa
+from fleetrl.envs.libero.camera_gate import CameraGate, make_current, renew_render_context, set_msaa
 from fleetrl.envs.libero.config import prepare_libero
+from fleetrl.envs.libero.light_meshes import DecimatedFaces, decimate_visual_meshes
 from fleetrl.envs.libero.reset_states import ResetStates
 
 SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
@@ -78,11 +81,13 @@ class LiberoEnv(gym.Env):
                  max_episode_steps: int | None = None, num_wait_steps: int = 10, reward_coef: float = 5.0,
                  reward_once: bool = True, step_penalty: float = 0.0, ignore_terminations: bool = False,
                  soft_reset: bool = True, msaa: bool = True, episodes_per_task: int = 1,
-                 render_every_step: bool = False, asset_cache: bool = True):
+                 render_every_step: bool = False, asset_cache: bool = True, mesh_detail: float = 1.0):
         if suite not in SUITES:
             raise ValueError(f"unknown LIBERO suite {suite!r}; choose from {SUITES}")
         if episodes_per_task < 1:
             raise ValueError(f"episodes_per_task must be at least 1, got {episodes_per_task}")
+        if not 0.0 < mesh_detail <= 1.0:
+            raise ValueError(f"mesh_detail is the fraction of visual mesh faces kept, in (0, 1]; got {mesh_detail}")
         prepare_libero()
         from libero.libero import benchmark  # after prepare_libero: importing it reads the config
 
@@ -92,7 +97,8 @@ class LiberoEnv(gym.Env):
         self.ignore_terminations = ignore_terminations
         self.soft_reset, self.msaa, self.episodes_per_task = soft_reset, msaa, episodes_per_task
         self.render_every_step = render_every_step
-        self.asset_cache = asset_cache
+        self.asset_cache, self.mesh_detail = asset_cache, mesh_detail
+        self._decimated = DecimatedFaces()  # kept across builds: a scene built again is not decimated again
         self.observation_wanted = True  # a hint for the next step only (ActionChunks sets it)
         self._pinned_task, self._pinned_left = 0, 0
         self.suite = benchmark.get_benchmark_dict()[suite]()
@@ -136,10 +142,16 @@ class LiberoEnv(gym.Env):
         return self._sim
 
     def _prepare_rendering(self) -> None:
-        """The camera gate and multisampling, set again after robosuite rebuilds (a hard reset)."""
+        """The camera gate, multisampling and mesh detail, set again after robosuite rebuilds
+        (a hard reset)."""
         self._gate = CameraGate(self._sim.env)
+        if self.msaa and self.mesh_detail == 1.0:
+            return
         if not self.msaa:
             set_msaa(self._sim.env, 0)
+        if self.mesh_detail < 1.0:
+            decimate_visual_meshes(self._sim.env.sim.model._model, self.mesh_detail, self._decimated)
+        renew_render_context(self._sim.env)
 
     def reset(self, *, seed=None, options=None):
         """options={"reset_state_id": i}, or {"task_index": t, "trial": j} (t indexes `task_ids`),
@@ -158,6 +170,7 @@ class LiberoEnv(gym.Env):
         sim.seed(int(self.np_random.integers(2**31)))
         zero_gripper_commands(sim.env)  # a rebuilt gripper starts from zero; a kept one remembers
         self._render_next(False)
+        make_current(sim.env)  # a hard reset frees the render context in the current GL context
         sim.reset()
         if not self.soft_reset:
             self._prepare_rendering()  # robosuite rebuilt the simulator, its sensors and render context
@@ -217,6 +230,7 @@ class LiberoEnv(gym.Env):
 
     def close(self):
         if self._sim is not None:
+            make_current(self._sim.env)  # robosuite frees the render context in the current GL context
             self._sim.close()
             self._sim, self._sim_task, self._gate = None, None, None
 
