@@ -3,13 +3,14 @@
     python bench/libero_actor.py speed  [--suite=libero_10] [--image_size=64] [--chunks=40] [--rounds=2]
     python bench/libero_actor.py resets [--suite=libero_10]
     python bench/libero_actor.py memory [--episodes=100]
-    python bench/libero_actor.py render [--sizes=64,128,224,256]
+    python bench/libero_actor.py render [--sizes=64,128,224,256] [--details=1,0.5,0.25,0.1]
 
 "before" is LIBERO's defaults, and fleetrl's until the speed-ups: a rebuild at every reset
 (twice on a task change), every camera rendered at every action and settling step, MSAA on.
 "after" is LiberoEnv's defaults (soft resets, only the observations that leave the env
-rendered, MSAA on); "after, pinned" adds episodes_per_task=10, "after, no MSAA" msaa=False,
-"after, no asset cache" asset_cache=False.
+rendered, MSAA on). The others change one setting of "after": "pinned" episodes_per_task=10,
+"no_msaa" msaa=False, "no_asset_cache" asset_cache=False, "light" mesh_detail=0.25 (visual
+meshes keep a quarter of their faces), "light_no_msaa" both.
 
 speed: the actor's env (chunks of 5) played with random chunks, 1 env in this process and
 2 in subprocesses (as the actor steps them), every setting once per round, rounds
@@ -19,9 +20,10 @@ resets: seconds per reset keeping the task, and changing it.
 memory: resident memory of an env process (VmRSS), each setting in a process of its own,
 over --episodes episodes of one chunk, the tasks taken in turn: measured whenever task 0
 was just reset (so every figure holds the same scene), after the first reset, after a
-round of the 10 tasks and at the end; "after, one task" resets task 0 only.
-render: milliseconds per camera image at each size, with MSAA and without: a step that
-renders both cameras less a step that renders none, halved.
+round of the 10 tasks and at the end; "one_task" resets task 0 only.
+render: milliseconds per camera image at each size and mesh_detail, with MSAA and without: a
+step that renders both cameras less a step that renders none, halved; and how far the first
+observation's pixels are from those of the first setting.
 """
 
 from __future__ import annotations
@@ -44,11 +46,13 @@ CHUNK = 5
 SETTINGS = {
     "before": {"soft_reset": False, "render_every_step": True},
     "after": {},
-    "after, pinned": {"episodes_per_task": 10},
-    "after, no MSAA": {"msaa": False},
+    "pinned": {"episodes_per_task": 10},
+    "no_msaa": {"msaa": False},
+    "light": {"mesh_detail": 0.25},
+    "light_no_msaa": {"mesh_detail": 0.25, "msaa": False},
 }
-MEMORY_SETTINGS = {"before": SETTINGS["before"], "after": {}, "after, no asset cache": {"asset_cache": False},
-                   "after, one task": {"task_ids": (0,)}}
+MEMORY_SETTINGS = {"before": SETTINGS["before"], "after": {}, "no_asset_cache": {"asset_cache": False},
+                   "one_task": {"task_ids": (0,)}, "light": SETTINGS["light"]}
 
 
 def actor_env(suite: str, image_size: int, max_episode_steps: int, **settings) -> ActionChunks:
@@ -100,8 +104,8 @@ def speed(args) -> None:
 
 
 def resets(args) -> None:
-    for name in ("before", "after"):
-        env = LiberoEnv(args.suite, task_ids=(0, 1), image_size=args.image_size, **SETTINGS[name])
+    for name in ("before", "after", "light"):
+        env = LiberoEnv(args.suite, task_ids=(0, 2), image_size=args.image_size, **SETTINGS[name])
         try:
             env.reset(seed=0, options={"task_index": 0, "trial": 0})
             kept, changed = [], []
@@ -110,7 +114,7 @@ def resets(args) -> None:
                 started = time.perf_counter()
                 env.reset(seed=i, options={"task_index": task, "trial": i + 1})
                 (kept if i % 2 else changed).append(time.perf_counter() - started)
-            print(f"{name:7s} reset keeping the task {statistics.mean(kept):.2f}s, changing it "
+            print(f"{name:19s} reset keeping the task {statistics.mean(kept):.2f}s, changing it "
                   f"{statistics.mean(changed):.2f}s (means of {len(kept)} and {len(changed)})", flush=True)
         finally:
             env.close()
@@ -118,7 +122,7 @@ def resets(args) -> None:
 
 def memory(args) -> None:
     """Each setting in a fresh process of its own, as an actor's env process."""
-    for name in MEMORY_SETTINGS:
+    for name in args.settings.split(",") if args.settings else MEMORY_SETTINGS:
         subprocess.run([sys.executable, __file__, "memory_one", name, f"--suite={args.suite}",
                         f"--image_size={args.image_size}", f"--episodes={args.episodes}"], check=True)
 
@@ -149,23 +153,31 @@ def memory_one(args) -> None:
 
 def render(args) -> None:
     for size in (int(s) for s in args.sizes.split(",")):
-        for msaa in (True, False):
-            env = LiberoEnv(args.suite, task_ids=(0,), image_size=size, msaa=msaa)
-            try:
-                env.reset(seed=0, options={"task_index": 0, "trial": 0})
-                action = np.zeros(7, np.float32)
-                times = {True: [], False: []}
-                for i in range(2 * args.repeats):
-                    wanted = bool(i % 2)
-                    env.observation_wanted = wanted
-                    started = time.perf_counter()
-                    env.step(action)
-                    times[wanted].append(time.perf_counter() - started)
-                per_camera = (statistics.median(times[True]) - statistics.median(times[False])) / 2
-                print(f"{size:4d} px, MSAA {'on ' if msaa else 'off'}: {1000 * per_camera:6.1f} ms per camera image "
-                      f"(a step without images {1000 * statistics.median(times[False]):.1f} ms)", flush=True)
-            finally:
-                env.close()
+        full_detail: dict[str, np.ndarray] = {}
+        for detail in (float(d) for d in args.details.split(",")):
+            for msaa in (True, False):
+                env = LiberoEnv(args.suite, task_ids=(0,), image_size=size, msaa=msaa, mesh_detail=detail)
+                try:
+                    first, _ = env.reset(seed=0, options={"task_index": 0, "trial": 0})
+                    full_detail = full_detail or first
+                    change = np.mean([np.abs(first[k].astype(int) - full_detail[k]).mean()
+                                      for k in ("main_image", "wrist_image")])
+                    faces = int(env._sim.env.sim.model._model.mesh_facenum.sum())
+                    action = np.zeros(7, np.float32)
+                    times = {True: [], False: []}
+                    for i in range(2 * args.repeats):
+                        wanted = bool(i % 2)
+                        env.observation_wanted = wanted
+                        started = time.perf_counter()
+                        env.step(action)
+                        times[wanted].append(time.perf_counter() - started)
+                    per_camera = (statistics.median(times[True]) - statistics.median(times[False])) / 2
+                    print(f"{size:4d} px, MSAA {'on ' if msaa else 'off'}, mesh_detail {detail:4.2f} ({faces} faces): "
+                          f"{1000 * per_camera:6.1f} ms per camera image (a step without images "
+                          f"{1000 * statistics.median(times[False]):.1f} ms); pixels differ from the first "
+                          f"setting's by {change:.2f} of 255 on average", flush=True)
+                finally:
+                    env.close()
 
 
 def main() -> None:
@@ -176,14 +188,16 @@ def main() -> None:
     parser.add_argument("--image_size", type=int, default=64)
     parser.add_argument("--chunks", type=int, default=40, help="speed: timed chunks per setting")
     parser.add_argument("--rounds", type=int, default=2, help="speed: rounds of every setting, alternating")
-    parser.add_argument("--settings", default="", help="speed: which, comma-separated (default: all; the first "
-                        "is the baseline)")
+    parser.add_argument("--settings", default="", help="speed and memory: which, comma-separated (default: "
+                        "all; speed's first is the baseline)")
     parser.add_argument("--num_envs", default="1,2", help="speed: env counts")
     parser.add_argument("--max_episode_steps", type=int, default=100, help="speed: the episodes' cap, in actions")
     parser.add_argument("--resets", type=int, default=6, help="resets: how many, half of them changing the task")
     parser.add_argument("--episodes", type=int, default=100, help="memory: how many short episodes")
     parser.add_argument("--sizes", default="64,128,224,256", help="render: image sizes")
     parser.add_argument("--repeats", type=int, default=10, help="render: steps timed per size, each way")
+    parser.add_argument("--details", default="1", help="render: mesh_detail values (the first is the reference "
+                        "whose pixels the others are compared with)")
     args = parser.parse_args()
     if args.what != "memory_one":
         print(f"LIBERO {args.suite}; {os.cpu_count()} CPUs, MUJOCO_GL={os.environ.get('MUJOCO_GL', 'egl')}",
