@@ -20,7 +20,13 @@ def cache_dir() -> str:
 
 
 def built_once(name: str, recipe: Any, write: Callable[[str], None], root: str | None = None) -> str:
-    """The folder `<root>/<name>-<hash of recipe>`, made by `write(folder)` if missing."""
+    """The folder `<root>/<name>-<hash of recipe>`, made by `write(folder)` if missing.
+
+    `write` may seed torch's global RNG (the same recipe, the same weights): it runs on a
+    fork of that RNG, so a caller's random stream never depends on whether the cache was
+    warm (two runs of one seed diverged when only the first built the model)."""
+    import torch
+
     digest = hashlib.sha256(json.dumps(recipe).encode()).hexdigest()[:16]
     path = os.path.join(root or cache_dir(), f"{name}-{digest}")
     if os.path.isdir(path):
@@ -28,7 +34,8 @@ def built_once(name: str, recipe: Any, write: Callable[[str], None], root: str |
     os.makedirs(os.path.dirname(path), exist_ok=True)
     staging = tempfile.mkdtemp(prefix=f".{name}-", dir=os.path.dirname(path))
     try:
-        write(staging)
+        with torch.random.fork_rng(devices=[]):
+            write(staging)
         os.rename(staging, path)
     except OSError:
         if not os.path.isdir(path):  # not another process that got there first: a real failure

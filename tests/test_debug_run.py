@@ -64,9 +64,13 @@ class FailingCorridor(CorridorProblem):
 '''
 
 
-def debug(cwd, *flags: str, stdin: str | None = None, path=(), timeout_s: float = 300) -> subprocess.CompletedProcess:
-    """`python -m fleetrl.launch.debug` with `path` on PYTHONPATH, `stdin` typed into it."""
+def debug(cwd, *flags: str, stdin: str | None = None, path=(), timeout_s: float = 300,
+          cache: pathlib.Path | None = None) -> subprocess.CompletedProcess:
+    """`python -m fleetrl.launch.debug` with `path` on PYTHONPATH, `stdin` typed into it,
+    and `cache` as the tiny models' cache folder (FLEETRL_CACHE) if given."""
     env = {k: v for k, v in os.environ.items() if k != "PYTHONBREAKPOINT"}  # breakpoint() must reach pdb
+    if cache is not None:
+        env["FLEETRL_CACHE"] = str(cache)
     env["PYTHONPATH"] = os.pathsep.join([*map(str, path), env.get("PYTHONPATH", "")])
     return subprocess.run([sys.executable, "-m", "fleetrl.launch.debug", "--noprogress", *flags], cwd=cwd, env=env,
                           input=stdin or "", capture_output=True, text=True, timeout=timeout_s)
@@ -145,8 +149,8 @@ def test_two_debug_runs_with_chunks_teacher_forcing_and_eval_rounds_are_bit_iden
              "--num_eval_actors=1", "--eval_envs_per_actor=2", "--eval_every_updates=4",
              "--summary_every_updates=2", "--seed=5"]
     runs = []
-    for name in ("a", "b"):
-        result = debug(tmp_path, *flags, f"--logdir={tmp_path / name}")
+    for name in ("a", "b"):  # a builds the tiny model into an empty cache, b finds it there
+        result = debug(tmp_path, *flags, f"--logdir={tmp_path / name}", cache=tmp_path / "cache")
         assert result.returncode == 0, result.stdout + result.stderr
         runs.append(fingerprint(tmp_path / name))
     scalars = runs[0][2]

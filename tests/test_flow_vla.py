@@ -163,6 +163,26 @@ def test_what_does_not_fit_is_refused_by_name(model_path, tmp_path):
         make_agent(model_path, chunk_size=6)
 
 
+def test_building_a_tiny_model_leaves_the_callers_random_stream_alone(tmp_path):
+    """A cold cache builds the model (seeding torch), a warm one only reads it: the caller's
+    draws after either must be the same, or two runs of one seed diverge on a fresh machine."""
+    config = TinyPi0Config(action_dim=WIDTH, action_horizon=HORIZON)
+    draws = []
+    for caller_seed in (7, 7, 8):  # cold, warm, and cold in another folder after another seed
+        torch.manual_seed(caller_seed)
+        root = tmp_path / ("other" if caller_seed == 8 else "cache")
+        build_tiny_pi0(CORPUS, config, root=str(root))
+        draws.append(torch.rand(4))
+    torch.testing.assert_close(draws[0], draws[1], rtol=0, atol=0)
+    torch.manual_seed(8)
+    torch.testing.assert_close(draws[2], torch.rand(4), rtol=0, atol=0)
+    # And the weights are the recipe's, whatever the caller's seed.
+    from safetensors.torch import load_file
+
+    cache, other = (load_file(next((tmp_path / root).rglob("model.safetensors"))) for root in ("cache", "other"))
+    assert cache.keys() == other.keys() and all(torch.equal(cache[k], other[k]) for k in cache)
+
+
 def test_a_paligemma_folder_is_a_prefix_for_a_fresh_expert(tmp_path):
     """A transformers PaliGemma (a VLM) keeps its weights as pi0's prefix; the expert is new."""
     import transformers
