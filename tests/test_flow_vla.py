@@ -167,16 +167,17 @@ def test_building_a_tiny_model_leaves_the_callers_random_stream_alone(tmp_path):
     """A cold cache builds the model (seeding torch), a warm one only reads it: the caller's
     draws after either must be the same, or two runs of one seed diverge on a fresh machine."""
     config = TinyPi0Config(action_dim=WIDTH, action_horizon=HORIZON)
-    draws = []
-    for caller_seed in (7, 7, 8):  # cold, warm, and cold in another folder after another seed
+
+    def draws_after_build(caller_seed: int, root: str) -> torch.Tensor:
         torch.manual_seed(caller_seed)
-        root = tmp_path / ("other" if caller_seed == 8 else "cache")
-        build_tiny_pi0(CORPUS, config, root=str(root))
-        draws.append(torch.rand(4))
-    torch.testing.assert_close(draws[0], draws[1], rtol=0, atol=0)
-    torch.manual_seed(8)
-    torch.testing.assert_close(draws[2], torch.rand(4), rtol=0, atol=0)
-    # And the weights are the recipe's, whatever the caller's seed.
+        build_tiny_pi0(CORPUS, config, root=str(tmp_path / root))
+        return torch.rand(4)
+
+    cold, warm = draws_after_build(7, "cache"), draws_after_build(7, "cache")
+    torch.testing.assert_close(cold, warm, rtol=0, atol=0)
+    torch.manual_seed(7)
+    torch.testing.assert_close(cold, torch.rand(4), rtol=0, atol=0)
+    draws_after_build(8, "other")  # the weights are the recipe's, whatever the caller's seed
     from safetensors.torch import load_file
 
     cache, other = (load_file(next((tmp_path / root).rglob("model.safetensors"))) for root in ("cache", "other"))
