@@ -55,9 +55,10 @@ lint: install
 	$(VENV)/bin/lint-imports
 
 # What a developer runs while working: unit tests and in-process gRPC tests, no learning
-# runs, LIBERO or Ray (the tests marked slow), on two workers.
-test-fast: lint libero
-	$(PY) -m pytest -q -m "not slow" -n 2
+# runs, LIBERO or Ray (the tests marked slow or libero), on two workers; LIBERO need not be
+# installed for it.
+test-fast: lint
+	$(PY) -m pytest -q -m "not slow and not libero" -n 2
 
 # The whole suite, as CI runs it. The LIBERO tests run the real simulator, so the test
 # environment has it. The fast tests and the slow ones marked beside_others (the wheel, Ray,
@@ -65,8 +66,8 @@ test-fast: lint libero
 # that a module's fixture (a wheel's virtualenv, a Ray cluster) is built once and no two Ray
 # tests overlap; the other slow ones (learning runs, each using both cores) run one at a time.
 test: lint libero
-	$(PY) -m pytest -q -m "not slow or beside_others" -n 2 --dist loadfile --durations=10
-	$(PY) -m pytest -q -m "slow and not beside_others" --durations=20
+	$(PY) -m pytest -q -m "not slow or beside_others" -n 2 --dist loadfile --durations=15
+	$(PY) -m pytest -q -m "slow and not beside_others" --durations=40
 
 proto: install
 	$(PY) -m fleetrl.proto.codegen

@@ -10,6 +10,8 @@ real processes; no test module imports another.
 - `eventually(condition, timeout_s, what)`: waits for another thread's or process's state.
   A gRPC status or a stream's end reaches the client before the learner's thread has
   necessarily updated everything, so a test reads learner state through this, never once.
+
+Under CI=true a skipped test fails (a missing extra or ../shared fixture hides nothing there).
 """
 
 from __future__ import annotations
@@ -43,6 +45,33 @@ from fleetrl.proto import learner_pb2_grpc as pb_grpc
 from fleetrl.proto.tensors import encode
 
 REPO_ROOT = pathlib.Path(__file__).resolve().parent.parent
+
+
+# ----- under CI=true nothing may be missing -----
+
+# CI installs every extra and has ../shared beside its clone: a skip there (a missing extra,
+# module or fixture) would hide a test that should have run, so it fails instead.
+STRICT = os.environ.get("CI") == "true"
+
+
+def _failed_for_skipping(report) -> None:
+    reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+    report.outcome = "failed"
+    report.longrepr = f"skipped under CI=true, where every extra and fixture must be present: {reason}"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if STRICT and report.skipped and not hasattr(report, "wasxfail"):
+        _failed_for_skipping(report)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    report = (yield).get_result()
+    if STRICT and report.skipped:  # a module-level importorskip
+        _failed_for_skipping(report)
 
 
 def _eventually(condition, timeout_s: float, what: str, poll_s: float = 0.05):

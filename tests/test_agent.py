@@ -107,8 +107,9 @@ def manipulation_observations(num_steps, batch):
     (lambda: ConvLSTMAgent(16, 3, (4, 8), hidden_size=16, lstm_size=8), image_observations),
     (lambda: with_statistics(ConvLSTMAgent(16, 3, (4, 8), hidden_size=16, lstm_size=8, observation_norm="running")),
      image_observations),
-    (lambda: VLAAgent(chunk_size=3, channels=(4, 8), hidden_size=16, grid=2, text_encoder="minilm",
-                      value_pooling="attention"), manipulation_observations),
+    pytest.param(lambda: VLAAgent(chunk_size=3, channels=(4, 8), hidden_size=16, grid=2, text_encoder="minilm",
+                                  value_pooling="attention"), manipulation_observations,
+                 marks=pytest.mark.libero),  # the sentence encoder comes with the libero extra
     (lambda: VLAAgent(chunk_size=3, channels=(4, 8), hidden_size=16, grid=2, text_encoder="bytes",
                       value_pooling="max"), manipulation_observations),
 ], ids=["vln", "conv_lstm", "conv_lstm_running_norm", "vla_minilm", "vla_bytes"])
@@ -134,6 +135,7 @@ def test_task_agents_step_by_step_equal_their_unroll(make_agent, make_obs):
         assert (unrolled["policy_logits"][..., 3:] < -1e8).all()
 
 
+@pytest.mark.libero  # the sentence encoder comes with the libero extra
 def test_the_vla_agent_reads_the_language_through_the_frozen_sentence_encoder():
     """The embedding is computed once per episode, from the language bytes, and never trained
     or checkpointed; its output is a Gaussian over a chunk of 7-dim actions."""

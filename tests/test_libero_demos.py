@@ -3,7 +3,8 @@
 import numpy as np
 import pytest
 
-h5py = pytest.importorskip("h5py", reason="the libero extra (make install puts it in)")
+pytestmark = pytest.mark.libero
+h5py = pytest.importorskip("h5py", reason="the libero extra (make libero puts it in)")
 
 from fleetrl.envs.action_chunks import ActionChunks  # noqa: E402
 from fleetrl.envs.libero.demo_replay import LiberoDemoReplay  # noqa: E402

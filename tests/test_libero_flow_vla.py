@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("transformers", reason="the vlm extra (make install puts it in)")
 pytest.importorskip("libero", reason="make libero installs it")
 
-pytestmark = pytest.mark.slow  # launch.local runs, and the real simulator
+pytestmark = [pytest.mark.slow, pytest.mark.libero]  # launch.local runs, and the real simulator
 
 
 def test_a_warm_start_on_demonstrations_then_ppo_on_the_simulator(tmp_path, local_run, monkeypatch, write_demo_file):

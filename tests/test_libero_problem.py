@@ -32,6 +32,7 @@ def test_episode_metrics_report_success_per_task():
     assert metrics == {"success_once": 1.0, "episode_len": 37.0, "task_4/success": 1.0}
 
 
+@pytest.mark.libero
 def test_training_may_render_without_msaa_or_with_light_meshes_but_eval_renders_as_libero_does():
     problem = load_problem("libero", {"suite": "libero_10", "msaa": "False", "episodes_per_task": "4",
                                       "mesh_detail": "0.25"})
@@ -47,6 +48,7 @@ def test_training_may_render_without_msaa_or_with_light_meshes_but_eval_renders_
 
 
 @pytest.mark.slow
+@pytest.mark.libero
 def test_a_learner_and_one_actor_train_on_real_libero_with_action_chunks(tmp_path, local_run):
     """The flags a user types (--suite, --task_ids, ... are the Problem's own); one env, so
     in-process; 24 chunks of 4 actions in 16-action episodes, batches of one 4-step unroll."""
@@ -71,6 +73,7 @@ def test_a_learner_and_one_actor_train_on_real_libero_with_action_chunks(tmp_pat
 
 
 @pytest.mark.slow
+@pytest.mark.libero
 def test_grpo_trains_on_real_libero_with_a_group_of_envs_in_subprocesses(tmp_path, local_run):
     """GRPO's group of two shares each reset state (tested in test_libero_env); here the whole
     path runs: one actor, its two envs in subprocesses, 8-action episodes in chunks of 4."""

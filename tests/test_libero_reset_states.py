@@ -18,6 +18,7 @@ def test_ids_map_to_task_and_trial_and_back_through_cumulative_bins():
         states.reset_state_id(1, 1)
 
 
+@pytest.mark.libero
 def test_fleetrl_rewrites_its_libero_config_for_the_install_in_use_but_never_a_users(tmp_path, monkeypatch):
     from fleetrl.envs.libero import config
 
