@@ -152,11 +152,12 @@ def env_processes(actor: subprocess.Popen) -> list[int]:
 def test_a_killed_env_process_ends_only_its_own_episode_and_the_episode_counts_stay_exact(fleet, tmp_path,
                                                                                           eventually):
     address = free_address()
-    learner = fleet.learner(address, "--problem=cartpole", "--seed=2", "--total_env_steps=40000",
+    # Two envs step a few hundred times a second: the 8k env steps after the kill are 100s of episodes.
+    learner = fleet.learner(address, "--problem=cartpole", "--seed=2", "--total_env_steps=10000",
                             "--summary_interval_s=1")
     actor = fleet.start("actor", "fleetrl.launch.actor", f"--learner_address={address}", "--actor_id=actor",
                         "--num_envs=2", "--async_envs")
-    eventually(lambda: (s := status(address)) and s.env_steps >= 8000, 120, "the actor to step its envs")
+    eventually(lambda: (s := status(address)) and s.env_steps >= 2000, 120, "the actor to step its envs")
     envs = env_processes(actor)
     assert len(envs) == 2, envs
     os.kill(envs[1], signal.SIGKILL)
@@ -165,7 +166,7 @@ def test_a_killed_env_process_ends_only_its_own_episode_and_the_episode_counts_s
     assert "env 1's process died (exit code -9)" in fleet.log("actor")
     assert "envs [1] restarted after their process died" in fleet.log("actor")
     summary = json.loads((tmp_path / "summary.json").read_text())
-    assert summary["env_steps"] >= 40000
+    assert summary["env_steps"] >= 10000
     reached = int(re.search(r"\((\d+) episodes reached it\)", fleet.log("actor")).group(1))
     assert summary["episodes"] == reached  # the lost episode was counted nowhere, every other once
     events = EventAccumulator(str(tmp_path), size_guidance={"scalars": 0})

@@ -181,7 +181,9 @@ def test_ray_restarts_a_killed_actor_which_rejoins_and_ctrl_c_stops_everything(c
 def test_ray_restarts_a_killed_learner_which_resumes_its_checkpoint_and_the_actors_rejoin(cluster, tmp_path):
     lines: list[str] = []
     checkpoints = tmp_path / "run" / "checkpoints"
-    with running_launcher(cluster, tmp_path / "run", "--total_env_steps=150000", "--checkpoint_every_steps=20",
+    # The kill comes after 100 trainer steps (16k env steps of 8 unrolls of 20); the budget
+    # leaves the resumed learner as many again and more, to train and end by it.
+    with running_launcher(cluster, tmp_path / "run", "--total_env_steps=50000", "--checkpoint_every_steps=20",
                           "--learner_max_restarts=1") as process:
         pid = int(read_until(process, r"learner \(pid (\d+)\) on node", lines).group(1))
         read_until(process, r"trainer [1-9]\d\d+ \| actors 2", lines)  # checkpoints written, both actors in
@@ -206,7 +208,7 @@ def test_learner_ranks_share_a_placement_group_and_restart_together_when_one_die
     on each; rank 1's process is killed, and every rank restarts from rank 0's checkpoint."""
     lines: list[str] = []
     logdir = tmp_path / "run"
-    with running_launcher(cluster, logdir, "--learner_ranks=2", "--total_env_steps=100000",
+    with running_launcher(cluster, logdir, "--learner_ranks=2", "--total_env_steps=40000",
                           "--checkpoint_every_steps=10", "--learner_max_restarts=1",
                           '--learner_resources={"CPU": 0.5, "fleetrl_learner_node": 0.5}') as process:
         nodes = [read_until(process, rf"learner rank {r} \(pid (\d+)\) on node (\w+)", lines) for r in range(2)]
