@@ -34,6 +34,7 @@ def surface_area(vertices: np.ndarray, faces: np.ndarray) -> float:
     return float(np.linalg.norm(np.cross(b - a, c - a), axis=1).sum() / 2)
 
 
+@pytest.mark.libero  # fast-simplification comes with the libero extra
 def test_a_decimated_mesh_keeps_its_shape_with_a_quarter_of_its_faces_and_only_original_corners():
     vertices, faces, texcoord_faces = sphere_as_mujoco_holds_it()
     normal_faces = faces[:, ::-1].copy()  # any indices: they follow their face
