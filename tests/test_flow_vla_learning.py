@@ -4,8 +4,9 @@ A tiny random pi0, and a tiny pi0.5 (the same class and loading code as real che
 is warm-started on a noisy scripted expert (PointReach: it steers off its target by up to
 75 degrees and curves in, so a tight time limit fails it), then PPO from that checkpoint
 must raise the eval success rate by 20 points (or to 90%), each eval round 200 episodes of
-the deterministic ODE. Both stages are
-real runs of `launch.local`: a learner, actors and an eval actor.
+the deterministic ODE; the run stops at the first round that does. Both stages are
+real runs of `launch.local`: a learner, actors and an eval actor. The runs' figures, and a
+planted bug that fails the test, are in docs/notes/learning_tests.md.
 """
 
 import json
@@ -34,7 +35,7 @@ def trace(scalars: dict[str, list[float]], *tags: str, points: int = 12) -> str:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(1200)  # two runs of about 2 minutes each here
+@pytest.mark.timeout(1200)  # two runs of about a minute each here
 @pytest.mark.parametrize("variant", ["pi0", "pi05"])
 def test_ppo_from_a_noisy_expert_warm_start_raises_the_success_rate(tmp_path, local_run, monkeypatch, variant):
     monkeypatch.setenv("FLEETRL_CACHE", str(tmp_path / "models"))
@@ -43,12 +44,15 @@ def test_ppo_from_a_noisy_expert_warm_start_raises_the_success_rate(tmp_path, lo
     # 256 bins (openpi's discrete state input), as the tiny vision tower barely locates it.
     model = ("--variant=pi0",) if variant == "pi0" else ("--variant=pi05", "--discrete_state_input=true",
                                                          "--max_token_len=48")
-    # pi0 reached the 0.9 target by 8k and 15k env steps in two runs; pi0.5 rose from 0.21
-    # and 0.24 to 0.41 and 0.40 by 5-9k, 0.71 and 0.64 by 13-16k (0.8 by 40k): 25k leaves a margin.
+    # Ceilings: the run stops at its target, which the runs measured reached by 5.5-15k env
+    # steps (pi0.5) and 10-19.5k (pi0) (docs/notes/learning_tests.md); a budget is spent
+    # whole only when learning fails.
     ppo_budget = 40000 if variant == "pi0" else 25000
+    # 10k env steps of imitation start the ODE about where 20k did (pi0.5 at 14-25% after 10k,
+    # 19-24% after 20k; pi0 at 51-82% after 10k, 67-77% after 20k).
     process, tag = local_run.start(warm, *COMMON, *model, "--algorithm=supervised",
                                    "--teacher_forcing_fraction=1",
-                                   "--expert_heading_error=75", "--total_env_steps=20000")
+                                   "--expert_heading_error=75", "--total_env_steps=10000")
     code, output = local_run.finish(process, tag)
     assert code == 0, output
     warm_scalars = local_run.read_scalars(warm)
@@ -59,22 +63,21 @@ def test_ppo_from_a_noisy_expert_warm_start_raises_the_success_rate(tmp_path, lo
                             capture_output=True, text=True, env={**os.environ}, timeout=300)
     assert result.returncode == 0, result.stderr
     start = json.loads((tmp_path / "warm-eval" / "metrics.json").read_text())["metrics"]["success"]
+    target = min(start + 0.2, 0.9)
 
     # RLinf's sampler (flow_sde, one stochastic denoise step per sample); a lower rate than
     # the warm start's, and a warmup, so that a fresh Adam's first steps keep the warm start.
     process, tag = local_run.start(rl, *COMMON, *model, f"--init_checkpoint={warm}",
                                    "--num_eval_actors=1", "--eval_episodes=200", "--learning_rate=1e-4",
-                                   "--learning_rate_warmup_updates=20", "--target_eval_metric=0.9",
+                                   "--learning_rate_warmup_updates=20", f"--target_eval_metric={target:.4f}",
                                    f"--total_env_steps={ppo_budget}")
     code, output = local_run.finish(process, tag)
     rounds = eval_rounds(rl)
     assert rounds[-1]["episodes"] == 200 and rounds[-1]["policy_version"] > 0, rounds
     end = rounds[-1]["success"]
     scalars = local_run.read_scalars(rl)
-    assert end >= min(start + 0.2, 0.9), (
+    assert end >= target - 1e-4, (
         f"warm start {start}, eval success {[r['success'] for r in rounds]}\nwarm start: "
         + trace(warm_scalars, "loss/teacher_forcing", "optim/grad_norm")
         + "\nPPO: " + trace(scalars, "ppo/approx_kl", "ppo/clip_fraction", "episode/return", "optim/grad_norm"))
-    # A clean end: 0 when --target_eval_metric ended the run, 1 when the step budget did first
-    # (pi0.5 short of 0.9 within its budget).
-    assert code == (0 if end >= 0.9 else 1), output
+    assert code == 0, output  # a clean end, at the target
