@@ -1,8 +1,10 @@
 """RL through generation, parsing and lambda-scaled log-probs, in the whole system.
 
 A tiny random VLM is warm-started on a noisy NumberLine solver (right 60% of the time),
-then PPO from that checkpoint must raise the eval success rate by 20 points (or to 90%).
-Both stages are real runs of `launch.local`: a learner, actors and an eval actor.
+then PPO from that checkpoint must raise the eval success rate by 20 points (or to 90%);
+it stops at the first eval round of 65%. Both stages are real runs of `launch.local`: a
+learner, actors and an eval actor. The runs' figures, and a planted bug that fails the
+test, are in docs/notes/learning_tests.md.
 """
 
 import json
@@ -16,6 +18,9 @@ pytest.importorskip("transformers", reason="the vlm extra (make install puts it 
 # the format penalty below teaches it to avoid.
 COMMON = ("--problem=gym_cards/numberline_vlm", "--observation_text", "--lora_rank=0", "--seed=0",
           "--batch_size=8", "--unroll_length=4", "--max_new_tokens=32")
+# PPO stops at the first eval round of this success rate, 20 points above every warm start
+# measured (24-41%, docs/notes/learning_tests.md).
+TARGET = 0.65
 
 
 def eval_rounds(logdir) -> list[dict]:
@@ -54,14 +59,17 @@ def test_ppo_from_a_noisy_solver_warm_start_raises_the_success_rate(tmp_path, lo
     process, tag = local_run.start(rl, *COMMON, f"--init_checkpoint={warm}", "--num_eval_actors=1",
                                    "--greedy_eval=false", "--eval_interval_s=45", "--learning_rate=3e-4",
                                    "--learning_rate_warmup_updates=20", "--epochs=2", "--discount=0",
-                                   "--parse_failure_reward=-1", "--total_env_steps=4000")
+                                   "--parse_failure_reward=-1", "--best_metric=success",
+                                   f"--target_eval_metric={TARGET}", "--total_env_steps=4000")
     code, output = local_run.finish(process, tag)
-    assert code == 0, output
+    assert code in (0, 1), output  # 1: the budget ran out short of the target
     rounds = eval_rounds(rl)
-    assert rounds[0]["policy_version"] == 0 and len(rounds) >= 3, rounds
-    # The last two rounds (200 episodes) against the warm start: runs are asynchronous, and a
-    # single round of 100 moves by 5-10 points from one run to the next.
-    start, end = rounds[0]["success"], (rounds[-1]["success"] + rounds[-2]["success"]) / 2
+    assert rounds[0]["policy_version"] == 0 and len(rounds) >= 2, rounds
+    # A round of 100 moves by 5-10 points from one run to the next: a run that reached the
+    # target ends on a round of at least 65%; one that did not is judged on the mean of its
+    # last two rounds (200 episodes), against the warm start's round.
+    start = rounds[0]["success"]
+    end = rounds[-1]["success"] if code == 0 else (rounds[-1]["success"] + rounds[-2]["success"]) / 2
     scalars = local_run.read_scalars(rl)
     assert end >= min(start + 0.2, 0.9), (
         f"eval success {[r['success'] for r in rounds]}\nwarm start: "
