@@ -126,7 +126,9 @@ def test_two_ranks_with_half_the_batch_each_end_where_one_rank_with_all_of_it_do
 @pytest.mark.slow
 @pytest.mark.parametrize("fsdp", [False, True], ids=["all-reduce", "fsdp"])
 def test_two_ranks_train_a_tiny_vlms_lora_adapters_as_one_rank_does(tmp_path, monkeypatch, fsdp):
-    """V-trace's loss averages over every step of the batch, so halves of any batch add up."""
+    """V-trace's loss averages over every step of the batch, so halves of any batch add up.
+    More than the CartPole case above proves: a model mostly frozen (LoRA adapters on a
+    tiny VLM), whose frozen weights all-reduce must skip and FSDP must shard untrained."""
     pytest.importorskip("transformers", reason="the vlm extra (make install puts it in)")
     monkeypatch.setenv("FLEETRL_CACHE", str(tmp_path / "models"))  # spawned ranks inherit it: one build
     hparams = {"algorithm": "vtrace", "lora_rank": "4", "learning_rate": "1e-3"}
