@@ -134,6 +134,12 @@ def read_until(process, pattern: str, lines: list[str], timeout_s: float = 120) 
     raise AssertionError(f"no line matching {pattern!r}:\n{''.join(lines)}")
 
 
+def read_until_trainer_passes(process, steps: int, lines: list[str]) -> None:
+    """Reads progress lines until one shows more than `steps` trainer steps."""
+    while int(read_until(process, r"trainer (\d+) \|", lines).group(1)) <= steps:
+        pass
+
+
 def test_a_run_trains_with_actors_on_both_nodes_and_leaves_nothing_behind(cluster, tmp_path):
     """With a token (the learner refuses calls without it, so training shows it reached every
     actor) and an eval actor, which asks for no CPU of its own here. The run ends at the first
@@ -181,9 +187,10 @@ def test_ray_restarts_a_killed_actor_which_rejoins_and_ctrl_c_stops_everything(c
 def test_ray_restarts_a_killed_learner_which_resumes_its_checkpoint_and_the_actors_rejoin(cluster, tmp_path):
     lines: list[str] = []
     checkpoints = tmp_path / "run" / "checkpoints"
-    # The kill comes after 100 trainer steps (16k env steps of 8 unrolls of 20); the budget
-    # leaves the resumed learner as many again and more, to train and end by it.
-    with running_launcher(cluster, tmp_path / "run", "--total_env_steps=50000", "--checkpoint_every_steps=20",
+    # The kill comes after 100 trainer steps; the run ends by Ctrl-C once the resumed learner
+    # has trained on. (An env-step budget raced the kill: Ray forwards the progress lines
+    # seconds late on a loaded machine, and a budget once ran out before the kill came.)
+    with running_launcher(cluster, tmp_path / "run", "--total_env_steps=100000000", "--checkpoint_every_steps=20",
                           "--learner_max_restarts=1") as process:
         pid = int(read_until(process, r"learner \(pid (\d+)\) on node", lines).group(1))
         read_until(process, r"trainer [1-9]\d\d+ \| actors 2", lines)  # checkpoints written, both actors in
@@ -196,19 +203,22 @@ def test_ray_restarts_a_killed_learner_which_resumes_its_checkpoint_and_the_acto
         # Training goes on from there, with both actors back (they reconnect by themselves).
         progress = read_until(process, r"trainer (\d+) \| actors 2", lines)
         assert int(progress.group(1)) >= resumed_steps
+        read_until_trainer_passes(process, resumed_steps, lines)
+        process.send_signal(signal.SIGINT)
         output = "".join(lines) + process.communicate(timeout=300)[0]
     assert process.returncode == 0, output
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["reason"].startswith("total_env_steps reached") and summary["trainer_steps"] > resumed_steps
+    assert summary["reason"] == "stopped by Ctrl-C" and summary["trainer_steps"] > resumed_steps, summary
     assert fleetrl_ray_processes() == []
 
 
 def test_learner_ranks_share_a_placement_group_and_restart_together_when_one_dies(cluster, tmp_path):
     """Two ranks of half a CPU each, both on the head (the learner-node resource), an actor
-    on each; rank 1's process is killed, and every rank restarts from rank 0's checkpoint."""
+    on each; rank 1's process is killed, and every rank restarts from rank 0's checkpoint.
+    Ctrl-C ends the run once the restarted ranks train on; both stop at the same step."""
     lines: list[str] = []
     logdir = tmp_path / "run"
-    with running_launcher(cluster, logdir, "--learner_ranks=2", "--total_env_steps=40000",
+    with running_launcher(cluster, logdir, "--learner_ranks=2", "--total_env_steps=100000000",
                           "--checkpoint_every_steps=10", "--learner_max_restarts=1",
                           '--learner_resources={"CPU": 0.5, "fleetrl_learner_node": 0.5}') as process:
         nodes = [read_until(process, rf"learner rank {r} \(pid (\d+)\) on node (\w+)", lines) for r in range(2)]
@@ -220,10 +230,12 @@ def test_learner_ranks_share_a_placement_group_and_restart_together_when_one_die
                                       r"at trainer step (\d+)", lines)
         assert {int(restart.group(1)), int(restart.group(2))}.isdisjoint(int(n.group(1)) for n in nodes)
         assert restart.group(3).startswith(str(logdir / "checkpoints")) and int(restart.group(4)) > 0
+        read_until_trainer_passes(process, int(restart.group(4)), lines)
+        process.send_signal(signal.SIGINT)
         output = "".join(lines) + process.communicate(timeout=300)[0]
     assert process.returncode == 0, output
     summary = json.loads((logdir / "summary.json").read_text())
-    assert summary["reason"].startswith("total_env_steps reached"), summary
+    assert summary["reason"] == "stopped by Ctrl-C", summary
     assert summary["trainer_steps"] > int(restart.group(4))
     rank1 = json.loads((logdir / "rank1" / "summary.json").read_text())
     assert (rank1["trainer_steps"], rank1["env_steps"]) == (summary["trainer_steps"], summary["env_steps"])
