@@ -60,14 +60,12 @@ lint: install
 test-fast: lint
 	$(PY) -m pytest -q -m "not slow and not libero" -n 2
 
-# The whole suite, as CI runs it. The LIBERO tests run the real simulator, so the test
-# environment has it. The fast tests and the slow ones marked beside_others (the wheel, Ray,
-# the LIBERO env: mostly waiting or on one core) run on two workers, a whole file on one, so
-# that a module's fixture (a wheel's virtualenv, a Ray cluster) is built once and no two Ray
-# tests overlap; the other slow ones (learning runs, each using both cores) run one at a time.
+# The whole suite, as CI runs it, on two workers. The LIBERO tests run the real simulator,
+# so the test environment has it. tests/conftest.py groups the tests for --dist loadgroup:
+# a file's tests on one worker (its module fixtures built once, no two Ray tests at once),
+# each learning run on its own, the slow ones first.
 test: lint libero
-	$(PY) -m pytest -q -m "not slow or beside_others" -n 2 --dist loadfile --durations=15
-	$(PY) -m pytest -q -m "slow and not beside_others" --durations=40
+	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=60
 
 proto: install
 	$(PY) -m fleetrl.proto.codegen

@@ -74,6 +74,20 @@ def pytest_make_collect_report(collector):
         _failed_for_skipping(report)
 
 
+# ----- how `make test` spreads the suite over two workers (`--dist loadgroup`) -----
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    """A file's tests run on one worker, so that a module fixture (a Ray cluster, a wheel's
+    virtualenv) is built once and no two Ray tests overlap; the learning runs (slow, not
+    `file_fixture`) are scheduled one by one instead. The slow tests go first: started
+    last, a 5-minute run leaves the other worker idle at the end."""
+    for item in items:
+        if not item.get_closest_marker("slow") or item.get_closest_marker("file_fixture"):
+            item.add_marker(pytest.mark.xdist_group(item.path.name))
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow first
+
+
 def _eventually(condition, timeout_s: float, what: str, poll_s: float = 0.05):
     """`condition()`'s first truthy value within `timeout_s`; fails naming `what` otherwise."""
     deadline = time.monotonic() + timeout_s

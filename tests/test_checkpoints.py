@@ -182,7 +182,6 @@ SAVER = textwrap.dedent("""
 
 
 @pytest.mark.slow  # 15 savers killed mid-write
-@pytest.mark.beside_others
 def test_sigkill_during_saves_never_breaks_the_latest_checkpoint(tmp_path):
     directory = str(tmp_path / "checkpoints")
     rng = np.random.default_rng(0)

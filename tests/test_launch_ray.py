@@ -22,7 +22,7 @@ import uuid
 import pytest
 
 # A real two-node cluster, started once for the module.
-pytestmark = [pytest.mark.slow, pytest.mark.beside_others]
+pytestmark = [pytest.mark.slow, pytest.mark.file_fixture]
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
@@ -43,6 +43,7 @@ def _stop_session(node: subprocess.Popen) -> None:
             return
         deadline = time.monotonic() + wait_s
         while time.monotonic() < deadline:
+            node.poll()  # reaps the node's own process: until then its zombie keeps the group alive
             try:
                 os.killpg(node.pid, 0)
             except ProcessLookupError:

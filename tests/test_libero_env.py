@@ -9,7 +9,7 @@ import pytest
 from fleetrl.envs.libero.env import LiberoEnv, axis_angle, decode_language, encode_language
 
 # The real simulator, one process: seconds per reset.
-pytestmark = [pytest.mark.slow, pytest.mark.beside_others, pytest.mark.libero]
+pytestmark = [pytest.mark.slow, pytest.mark.file_fixture, pytest.mark.libero]
 
 
 @pytest.fixture(scope="module")

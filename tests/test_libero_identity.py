@@ -12,7 +12,7 @@ import pytest
 from fleetrl.envs.action_chunks import ActionChunks
 from fleetrl.envs.libero.env import LiberoEnv
 
-pytestmark = [pytest.mark.slow, pytest.mark.beside_others, pytest.mark.libero]
+pytestmark = [pytest.mark.slow, pytest.mark.libero]
 
 K = 5
 CAP = 12  # truncation comes on the 3rd action of the 3rd chunk

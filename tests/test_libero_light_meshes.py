@@ -54,7 +54,6 @@ def test_a_decimated_mesh_keeps_its_shape_with_a_quarter_of_its_faces_and_only_o
 
 
 @pytest.mark.slow
-@pytest.mark.beside_others
 @pytest.mark.libero
 def test_light_meshes_change_the_images_a_little_and_the_physics_not_at_all(tmp_path, monkeypatch):
     """Same seeds and actions in a whole scene and a light one: the simulator's states are

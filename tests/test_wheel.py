@@ -17,7 +17,7 @@ import pytest
 from fleetrl.problems import registered_names
 
 # Builds and installs a wheel (about a minute), then a run per Problem.
-pytestmark = [pytest.mark.slow, pytest.mark.beside_others]
+pytestmark = [pytest.mark.slow, pytest.mark.file_fixture]
 
 IMPORT_EVERY_MODULE = textwrap.dedent("""
     import importlib, json, pkgutil
