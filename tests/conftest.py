@@ -88,6 +88,25 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow first
 
 
+_GROUPS_LOST = pytest.StashKey[bool]()
+
+
+@pytest.hookimpl(trylast=True)  # after xdist has named each test's group in its node id
+def pytest_collection_finish(session):
+    session.config.stash[_GROUPS_LOST] = getattr(session.config.option, "loadgroup", False) and any(
+        "@" not in item.nodeid for item in session.items if item.get_closest_marker("xdist_group"))
+
+
+@pytest.fixture(autouse=True)
+def _groups_kept(request):
+    """Fails every test of a `--dist loadgroup` run whose groups were lost: two Ray tests would
+    share one cluster, and module fixtures be built on both workers, with no other sign but
+    odd failures. (An error raised in a worker's hook does not reach the terminal.)"""
+    if request.config.stash.get(_GROUPS_LOST, False):
+        pytest.fail("pytest-xdist's --dist loadgroup lost the tests' groups, as it does on pytest 9.2 "
+                    "(pytest-xdist#1386): install pyproject's pinned pytest (make install)")
+
+
 def _eventually(condition, timeout_s: float, what: str, poll_s: float = 0.05):
     """`condition()`'s first truthy value within `timeout_s`; fails naming `what` otherwise."""
     deadline = time.monotonic() + timeout_s
