@@ -63,9 +63,10 @@ test-fast: lint
 # The whole suite, as CI runs it, on two workers. The LIBERO tests run the real simulator,
 # so the test environment has it. tests/conftest.py groups the tests for --dist loadgroup:
 # a file's tests on one worker (its module fixtures built once, no two Ray tests at once),
-# each learning run on its own, the slow ones first.
+# each learning run on its own, the slow ones first (--no-loadscope-reorder keeps that
+# order: xdist would start the groups of most tests first, and the learning runs last).
 test: lint libero
-	$(PY) -m pytest -q -n 2 --dist loadgroup --durations=60
+	$(PY) -m pytest -q -n 2 --dist loadgroup --no-loadscope-reorder --durations=60
 
 proto: install
 	$(PY) -m fleetrl.proto.codegen
