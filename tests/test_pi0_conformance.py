@@ -238,3 +238,52 @@ def test_bfloat16_keeps_openpis_float32_islands_and_stays_near_float32():
     assert actions.dtype == torch.float32
     error = (actions - out["actions_steps10"]).abs().max().item()
     assert error < 0.1 * out["actions_steps10"].abs().max().item(), error  # bfloat16's 8 bits, not float32's
+
+
+# ----- the agent, end to end -----
+
+def word_tokenizer(vocab_size: int):
+    """A whitespace word tokenizer whose word "w<i>" is id i (BOS 2): the fixture's token ids
+    written as text come back as those ids, and "\\n" encodes to nothing, so openpi's prompt
+    (BOS, the text, the answer's "\\n") is exactly the fixture's tokens."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, "<bos>": 2, **{f"w{i}": i for i in range(3, vocab_size)}}
+    words = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    return PreTrainedTokenizerFast(tokenizer_object=words, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>")
+
+
+@pytest.mark.parametrize("name", VARIANTS)
+@pytest.mark.parametrize("steps", [10, 5])
+def test_the_agent_turns_prompt_bytes_and_pixels_into_openpis_actions(name, steps):
+    """FlowVLAAgent as the learner runs it: uint8 camera frames, the instruction as bytes and
+    the raw 8-dim state in; its prompt tokenizer, image preprocessing and state padding, the
+    shipped sampler's deterministic path (openpi's Euler steps) and the unnormalizing out.
+    Sample 0 has no right-wrist camera (its key is left out, as a LIBERO env has none)."""
+    from fleetrl.agents.flow_sampler import FlowSamplerConfig
+    from fleetrl.agents.flow_vla import BaseModel, FlowVLAAgent
+
+    folder = FIXTURE / name
+    raw, out = arrays(folder / "inputs.npz"), arrays(folder / "outputs.npz")
+    model = load_pi0(str(folder))
+    tokenizer = word_tokenizer(model.config.paligemma.vocab_size)
+    for row, cameras in ((0, CAMERAS[:2]), (1, CAMERAS)):
+        agent = FlowVLAAgent(str(folder), action_dim=32, chunk_size=model.config.action_horizon, image_keys=cameras,
+                             sampler=FlowSamplerConfig(denoise_steps=steps), base=BaseModel(model, tokenizer, None))
+        agent.eval()
+        ids = raw["tokenized_prompt"][row][raw["tokenized_prompt_mask"][row]]
+        assert ids[0] == 2
+        text = ("  " + " ".join(f"w{i}" for i in ids[1:].tolist()) + "\n").encode()
+        language = torch.zeros(1, 512, dtype=torch.uint8)
+        language[0, :len(text)] = torch.tensor(list(text), dtype=torch.uint8)
+        observation = {"language": language, "state": raw["state"][row:row + 1, :8]}
+        for camera in cameras:
+            pixels = ((raw[f"image_{camera}"][row:row + 1] + 1) / 2 * 255).round().to(torch.uint8)
+            observation[camera] = pixels.permute(0, 2, 3, 1).contiguous()
+        with torch.no_grad():
+            chunk, _ = agent.sample_chunks(observation, noise=raw["noise"][row:row + 1])
+            actions = agent.normalizer.env_actions(chunk.actions, observation["state"])
+        assert not chunk.stochastic.any()
+        close(actions, out[f"actions_steps{steps}"][row:row + 1], f"{name} sample {row}'s {steps}-step actions")
