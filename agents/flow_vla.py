@@ -45,9 +45,18 @@ from fleetrl.agents.base import Agent, AgentOutput, Observation, State
 from fleetrl.agents.flow_sampler import FlowSample, FlowSamplerConfig, chain_log_prob, sample
 from fleetrl.agents.lora import LoraSpec, add_lora, merged
 from fleetrl.agents.pi0_checkpoint import load_pi0, save_pi0
-from fleetrl.agents.pi0_model import GemmaSize, Pi0Config, Pi0Inputs, Pi0Model, PrefixCache, SiglipSize, resize_with_pad
+from fleetrl.agents.pi0_model import (
+    ATTENTION_KERNELS,
+    GemmaSize,
+    Pi0Config,
+    Pi0Inputs,
+    Pi0Model,
+    PrefixCache,
+    SiglipSize,
+    resize_with_pad,
+)
 from fleetrl.agents.pi0_norm import Normalizer, NormStats, find_norm_stats, read_norm_stats, write_norm_stats
-from fleetrl.agents.pi0_prompt import tokenize_prompts
+from fleetrl.agents.pi0_prompt import PromptTokenizer
 from fleetrl.agents.pretrained_base import PretrainedBase, import_transformers
 
 VALUE_POOLINGS = ("mean", "first", "last")
@@ -151,7 +160,8 @@ class FlowVLAAgent(PretrainedBase, Agent):
                  value_backprop: bool = False, train_expert: bool = True, train_vision: bool = False,
                  train_prefix: bool = False, stochastic_eval: bool = False, reuse_prefix_cache: bool = True,
                  dtype: str = "float32", lora: LoraSpec | None = None, lora_expert: bool = False,
-                 gradient_checkpointing: bool = False, base: BaseModel | None = None):
+                 gradient_checkpointing: bool = False, attention: str = "sdpa", prompt_bucket: int = 8,
+                 base: BaseModel | None = None):
         super().__init__()
         if variant not in VARIANTS:
             raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
@@ -167,6 +177,9 @@ class FlowVLAAgent(PretrainedBase, Agent):
         base = base or load_base(model_path, dtype, tokenizer_path, asset_id, variant, action_width,
                                  action_horizon or chunk_size, expert_width, max_token_len, discrete_state_input)
         self.pi0, self.tokenizer = base.model, base.tokenizer
+        if attention not in ATTENTION_KERNELS:
+            raise ValueError(f"unknown attention {attention!r}; choose from {sorted(ATTENTION_KERNELS)}")
+        self.pi0.attention = attention
         c = self.pi0.config
         if not 1 <= action_dim <= c.action_dim:
             raise ValueError(f"action_dim {action_dim} must be in [1, the model's action width {c.action_dim}]")
@@ -180,6 +193,7 @@ class FlowVLAAgent(PretrainedBase, Agent):
                                                                               language_key, oracle_key)
         self.sampler, self.noise_std_range = sampler, noise_std_range
         self.normalizer = Normalizer(base.norm_stats, quantile=c.pi05, delta_dims=delta_action_dims)
+        self.prompts = PromptTokenizer(self.tokenizer, c.max_token_len, prompt_bucket)
         self.value_input = value_input or ("prefix" if c.pi05 else "expert")
         self.value_pooling, self.value_backprop = value_pooling, value_backprop
         self.stochastic_eval, self.reuse_prefix_cache = stochastic_eval, reuse_prefix_cache
@@ -265,10 +279,9 @@ class FlowVLAAgent(PretrainedBase, Agent):
         if state.shape[-1] > self.config.action_dim:
             raise ValueError(f"the state has {state.shape[-1]} dims, more than the model's {self.config.action_dim}")
         padded = nn.functional.pad(state, (0, self.config.action_dim - state.shape[-1]))
-        texts = [bytes(row).rstrip(b"\0").decode("utf-8", errors="replace")
-                 for row in observation[self.language_key].to("cpu", torch.uint8).numpy()]
+        language = observation[self.language_key].to("cpu", torch.uint8).numpy()
         states = state.detach().cpu().numpy() if self.config.discrete_state_input else None
-        ids, mask = tokenize_prompts(self.tokenizer, texts, self.config.max_token_len, states)
+        ids, mask = self.prompts(language, states)
         images, masks = self._images(observation)
         device = padded.device
         return Pi0Inputs(images, masks, torch.from_numpy(ids).to(device), torch.from_numpy(mask).to(device), padded)
@@ -286,19 +299,20 @@ class FlowVLAAgent(PretrainedBase, Agent):
         return function(*args)
 
     def _expert_step(self, cache: PrefixCache, inputs: Pi0Inputs, x: torch.Tensor, t: torch.Tensor,
-                     rows: torch.Tensor, states: list[torch.Tensor] | None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """v(x_t, t) [M, H, W] for the prefix rows `rows`, and the noise head's std (flow_noise);
+                     rows: torch.Tensor | None, states: list[torch.Tensor] | None
+                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """v(x_t, t) [M, H, W] for the prefix rows `rows` (None: every row, in order, which
+        needs no check on the host), and the noise head's std (flow_noise);
         the action tokens' mean state goes to `states` (the value head's input). With
         `reuse_prefix_cache` off, the prefix is computed again (the naive path, for the bench
         and the test that the cache changes nothing)."""
         if not self.reuse_prefix_cache:
-            inputs = Pi0Inputs([i[rows] for i in inputs.images], [m[rows] for m in inputs.image_masks],
-                               inputs.tokens[rows], inputs.token_mask[rows], inputs.state[rows])
-            cache, rows = self.pi0.prefix_cache(inputs), torch.arange(len(rows), device=rows.device)
-        every_row = len(rows) == cache.pad.shape[0] and bool((rows == torch.arange(len(rows),
-                                                                                   device=rows.device)).all())
-        selected = cache if every_row else cache.select(rows)
-        v, out = self._checkpointed(self.pi0.velocity_and_states, selected, inputs.state[rows], x, t)
+            if rows is not None:
+                inputs = Pi0Inputs([i[rows] for i in inputs.images], [m[rows] for m in inputs.image_masks],
+                                   inputs.tokens[rows], inputs.token_mask[rows], inputs.state[rows])
+            cache, rows = self.pi0.prefix_cache(inputs), None
+        selected, state = (cache, inputs.state) if rows is None else (cache.select(rows), inputs.state[rows])
+        v, out = self._checkpointed(self.pi0.velocity_and_states, selected, state, x, t)
         if states is not None:
             states.append(out.float().mean(1))
         std = None
@@ -342,7 +356,8 @@ class FlowVLAAgent(PretrainedBase, Agent):
             noise = torch.randn(n, c.action_horizon, c.action_dim, device=cache.hidden.device, generator=generator)
         deterministic = not self.training and not self.stochastic_eval
         states: list[torch.Tensor] = []
-        chunk = sample(self.sampler, lambda x, t, rows: self._expert_step(cache, inputs, x, t, rows, states), noise,
+        # `sample` steps every row in order, so the expert needs no rows.
+        chunk = sample(self.sampler, lambda x, t, _: self._expert_step(cache, inputs, x, t, None, states), noise,
                        self.log_prob_mask, deterministic=deterministic, generator=generator)
         if self.value_input == "prefix":
             return chunk, self._prefix_value(cache)
@@ -413,7 +428,7 @@ class FlowVLAAgent(PretrainedBase, Agent):
         t = torch.distributions.Beta(1.5, 1.0).sample((n,)).to(oracle.device) * 0.999 + 0.001
         noise = torch.randn_like(target)
         x_t = t.view(-1, 1, 1) * noise + (1 - t.view(-1, 1, 1)) * target
-        v, _ = self._expert_step(cache, inputs, x_t, t, torch.arange(n, device=oracle.device), None)
+        v, _ = self._expert_step(cache, inputs, x_t, t, None, None)
         return ((v - (noise - target)) ** 2)[:, :self.chunk_size, :self.action_dim]
 
 

@@ -214,22 +214,42 @@ class Pi0Inputs:
 
 @dataclasses.dataclass
 class PrefixCache:
-    """The prefix's keys and values per layer (after RoPE) and which of its tokens are real."""
+    """The prefix's keys and values per layer (after RoPE) and which of its tokens are real.
+
+    Built without autograd (acting), each layer's keys and values [B, kv heads, P + S, d]
+    keep `suffix_room` = S slots past the prefix's P: a denoise step writes the suffix's S
+    there in place and attends to the whole buffer, instead of concatenating P + S per
+    layer and step. With autograd (training) they hold the prefix alone and are joined."""
 
     keys: list[torch.Tensor]
     values: list[torch.Tensor]
     pad: torch.Tensor
     hidden: torch.Tensor  # its last hidden states (after the final norm), [B, P, width]
+    suffix_room: int = 0
 
     def select(self, rows: torch.Tensor) -> PrefixCache:
         return PrefixCache([k[rows] for k in self.keys], [v[rows] for v in self.values], self.pad[rows],
-                           self.hidden[rows])
+                           self.hidden[rows], self.suffix_room)
+
+    def joined(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """This layer's prefix keys and values followed by the suffix's `keys`, `values`."""
+        prefix = self.pad.shape[1]
+        if keys.shape[2] == self.suffix_room and not torch.is_grad_enabled():
+            self.keys[layer][:, :, prefix:].copy_(keys)
+            self.values[layer][:, :, prefix:].copy_(values)
+            return self.keys[layer], self.values[layer]
+        return (torch.cat([self.keys[layer][:, :, :prefix], keys], 2),
+                torch.cat([self.values[layer][:, :, :prefix], values], 2))
 
 
 class Pi0Model(nn.Module):
-    def __init__(self, config: Pi0Config):
+    def __init__(self, config: Pi0Config, attention: str = "sdpa"):
         super().__init__()
+        if attention not in ATTENTION_KERNELS:
+            raise ValueError(f"unknown attention kernel {attention!r}; choose from {sorted(ATTENTION_KERNELS)}")
         self.config = config
+        # How the joint attention runs (not part of the architecture: the weights fit either).
+        self.attention = attention
         width, a = config.expert.width, config.action_dim
         self.paligemma_with_expert = PaliGemmaWithExpert(config)
         self.action_in_proj = nn.Linear(a, width)
@@ -292,15 +312,16 @@ class Pi0Model(nn.Module):
         actions = self.action_in_proj(x_t.to(self.action_in_proj.weight.dtype))
         if c.pi05:
             cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(time))))
-            tokens, flags = actions, [True] + [False] * (h - 1)
+            tokens, starts = actions, 1  # the block flags [1, 0, ...]
         else:
             cond = None
             state_token = self.state_proj(state.to(self.state_proj.weight.dtype))[:, None]
             mixed = torch.cat([actions, time[:, None].expand(-1, h, -1)], dim=-1)
             actions = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(mixed)))
-            tokens, flags = torch.cat([state_token, actions], dim=1), [True, True] + [False] * (h - 1)
+            tokens, starts = torch.cat([state_token, actions], dim=1), 2  # [1, 1, 0, ...]
         pad = torch.ones(b, tokens.shape[1], dtype=torch.bool, device=x_t.device)
-        blocks = torch.tensor(flags, device=x_t.device)[None].expand(b, -1)
+        blocks = torch.zeros_like(pad)  # made on the device: no host copy per denoise step
+        blocks[:, :starts] = True
         return tokens, pad, blocks, cond
 
     # ----- the two towers, one attention per layer -----
@@ -319,7 +340,8 @@ class Pi0Model(nn.Module):
         live = [i for i, s in enumerate(streams) if s is not None]
         lengths = [xs[i].shape[1] for i in live]
         cos, sin = _rope(positions, size.head_dim, size.rope_theta)
-        bias = torch.where(mask, 0.0, MASKED)[:, None].float()
+        # In the queries' dtype (the first stream's), as the fused kernels want it.
+        bias = torch.where(mask, 0.0, MASKED)[:, None].to(streams[live[0]][1].layers[0].self_attn.q_proj.weight.dtype)
         all_keys, all_values = [], []
         for index in range(size.depth):
             queries, keys, values, gates = [], [], [], {}
@@ -337,8 +359,8 @@ class Pi0Model(nn.Module):
             all_keys.append(k)
             all_values.append(v)
             if cache is not None:
-                k, v = torch.cat([cache.keys[index], k], 2), torch.cat([cache.values[index], v], 2)
-            out = _attention(q, k, v, bias, size.head_dim)
+                k, v = cache.joined(index, k, v)
+            out = ATTENTION_KERNELS[self.attention](q, k, v, bias)
             for i, part in zip(live, out.split(lengths, dim=1), strict=True):
                 layer = streams[i][1].layers[index]
                 x = _gated(xs[i], layer.self_attn.o_proj(part.to(layer.self_attn.o_proj.weight.dtype)), gates[i])
@@ -357,7 +379,12 @@ class Pi0Model(nn.Module):
         positions = pad.long().cumsum(-1) - 1
         (hidden, _), keys, values = self.joint_layers([(embeds, self._paligemma.language_model), None], mask,
                                                       positions)
-        return PrefixCache(keys, values, pad, hidden)
+        if torch.is_grad_enabled():
+            return PrefixCache(keys, values, pad, hidden)
+        room = self.config.action_horizon + (0 if self.config.pi05 else 1)  # the suffix's tokens
+        keys, values = ([torch.cat([x, x.new_empty(*x.shape[:2], room, x.shape[3])], 2) for x in xs]
+                        for xs in (keys, values))
+        return PrefixCache(keys, values, pad, hidden, room)
 
     def suffix_out(self, cache: PrefixCache, state: torch.Tensor, x_t: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         """The expert's last states of the H action tokens [B, H, expert width], against `cache`."""
@@ -428,13 +455,26 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return (x * cos.to(x.dtype)) + (torch.cat([-second, first], dim=-1) * sin.to(x.dtype))
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor, head_dim: int) -> torch.Tensor:
-    """Eager attention [B, heads, Q, d] x [B, kv heads, K, d] -> [B, Q, heads, d], the softmax in float32."""
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """[B, heads, Q, d] x [B, kv heads, K, d] -> [B, Q, heads * d] through torch's fused
+    kernels: grouped-query (no per-head copy of the keys), openpi's additive mask (finite,
+    so a padded query row gets a uniform softmax, never NaN), the softmax accumulated in
+    float32 inside the kernel as openpi's eager float32 softmax does."""
+    out = F.scaled_dot_product_attention(q, k, v, attn_mask=bias, enable_gqa=True)
+    return out.transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """openpi's eager attention, the same shapes: keys and values copied per query head, an
+    explicit float32 softmax. Kept to measure the fused kernel against (bench/pi0_attention.py)."""
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-    scores = torch.matmul(q, k.transpose(2, 3)) * head_dim ** -0.5 + bias
+    scores = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5 + bias
     weights = torch.softmax(scores.float(), dim=-1).to(v.dtype)
     return torch.matmul(weights, v).transpose(1, 2).reshape(q.shape[0], q.shape[2], -1)
+
+
+ATTENTION_KERNELS = {"sdpa": sdpa_attention, "eager": eager_attention}
 
 
 def resize_with_pad(images: torch.Tensor, height: int, width: int) -> torch.Tensor:

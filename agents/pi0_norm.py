@@ -130,14 +130,19 @@ class Normalizer:
 
     def __init__(self, stats: NormStats | None, quantile: bool, delta_dims: int = 0):
         self.stats, self.quantile, self.delta_dims = stats, quantile, delta_dims
+        self._on_device: dict[tuple[str, str], list] = {}  # uploaded once per device, not per call
 
     def _vectors(self, stats: Stats, like):
         import torch
 
-        names = ("q01", "q99") if self.quantile else ("mean", "std")
-        if self.quantile:
-            _need_quantiles(stats)
-        return [torch.as_tensor(getattr(stats, n), dtype=torch.float32, device=like.device) for n in names]
+        key = ("state" if stats is self.stats.state else "actions", str(like.device))
+        if key not in self._on_device:
+            names = ("q01", "q99") if self.quantile else ("mean", "std")
+            if self.quantile:
+                _need_quantiles(stats)
+            self._on_device[key] = [torch.as_tensor(getattr(stats, n), dtype=torch.float32, device=like.device)
+                                    for n in names]
+        return self._on_device[key]
 
     def state(self, raw):
         """Normalized state (the statistics' first dims; x may be narrower)."""

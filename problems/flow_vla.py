@@ -31,6 +31,7 @@ from fleetrl.agents.base import AgentOutput, Observation
 from fleetrl.agents.flow_sampler import METHODS, REDUCTIONS, STOCHASTIC_STEPS, FlowSamplerConfig
 from fleetrl.agents.flow_vla import VALUE_INPUTS, VALUE_POOLINGS, VARIANTS, FlowVLAAgent, chunk_shape
 from fleetrl.agents.lora import LoraSpec
+from fleetrl.agents.pi0_model import ATTENTION_KERNELS
 from fleetrl.agents.tiny_pi0 import TinyPi0Config, build_tiny_pi0
 from fleetrl.common.settings import check_choice, check_range, setting
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING
@@ -103,6 +104,12 @@ class FlowVLAConfig(ProblemConfig):
                                        "expert trains whole (train_expert).")
     gradient_checkpointing: bool = setting(False, "Recompute the prefix's and the expert's activations in the "
                                                   "backward pass: less memory, more compute.")
+    attention: str = setting("sdpa", "The joint attention's kernel: sdpa (torch's fused, grouped-query "
+                                     "scaled_dot_product_attention) or eager (openpi's own, per-head copies and an "
+                                     "explicit float32 softmax; bench/pi0_attention.py compares them).")
+    prompt_bucket: int = setting(8, "The prompt is cut to the batch's longest instruction, rounded up to this many "
+                                    "token slots (padded slots change no output; fewer shapes for kernels to "
+                                    "meet).")
     algorithm: str = "ppo"
     chunk_size: int = 5
     learning_rate: float = 3e-4
@@ -129,6 +136,8 @@ class FlowVLAConfig(ProblemConfig):
         check_range("noise_std_min", self.noise_std_min, low=0, low_open=True)
         check_range("noise_std_max", self.noise_std_max, low=self.noise_std_min)
         check_range("lora_rank", self.lora_rank, low=0)
+        check_choice("attention", self.attention, tuple(ATTENTION_KERNELS))
+        check_range("prompt_bucket", self.prompt_bucket, low=1)
         if self.lora_rank > 0 and self.train_prefix:
             raise ValueError("lora_rank > 0 trains the prefix through adapters: set train_prefix=false with it")
         if self.lora_expert and self.lora_rank == 0:
@@ -234,7 +243,7 @@ class FlowVLAProblem(Problem):
             value_pooling=c.value_pooling, value_hidden=c.value_hidden, value_backprop=c.value_backprop,
             train_expert=c.train_expert, train_vision=c.train_vision, train_prefix=c.train_prefix,
             stochastic_eval=c.stochastic_eval, dtype=c.dtype, lora=c.lora(), lora_expert=c.lora_expert,
-            gradient_checkpointing=c.gradient_checkpointing)
+            gradient_checkpointing=c.gradient_checkpointing, attention=c.attention, prompt_bucket=c.prompt_bucket)
         # The value head's own rate: make_optimizer gets this agent's parameters, not their names.
         self._value_parameter_ids = {id(p) for p in agent.value_head.parameters()}
         return agent

@@ -86,4 +86,7 @@ def test_the_agent_reads_libero_as_openpis_client_does(tmp_path):
     np.testing.assert_allclose(inputs.state[0, :8].numpy(), state, atol=1e-5)
     assert (inputs.state[0, 8:] == 0).all()  # zero-padded to the model's width
     ids, mask = tokenize_prompts(agent.tokenizer, [language], 32)
-    assert torch.equal(inputs.tokens, torch.from_numpy(ids)) and torch.equal(inputs.token_mask, torch.from_numpy(mask))
+    width = inputs.tokens.shape[1]  # cut to the prompt's length (rounded up to 8): padding only goes
+    assert width % 8 == 0 and not mask[:, width:].any()
+    assert torch.equal(inputs.tokens, torch.from_numpy(ids[:, :width]))
+    assert torch.equal(inputs.token_mask, torch.from_numpy(mask[:, :width]))

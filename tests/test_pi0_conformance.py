@@ -287,3 +287,50 @@ def test_the_agent_turns_prompt_bytes_and_pixels_into_openpis_actions(name, step
             actions = agent.normalizer.env_actions(chunk.actions, observation["state"])
         assert not chunk.stochastic.any()
         close(actions, out[f"actions_steps{steps}"][row:row + 1], f"{name} sample {row}'s {steps}-step actions")
+
+
+# ----- what the speed-ups may not change -----
+
+def _with_tokens(inputs: Pi0Inputs, tokens: torch.Tensor, mask: torch.Tensor) -> Pi0Inputs:
+    return Pi0Inputs(inputs.images, inputs.image_masks, tokens, mask, inputs.state)
+
+
+def test_cutting_the_prompt_to_its_longest_row_or_filling_its_padding_changes_no_action(reference):
+    """Padded prompt slots are neither keys nor positions (the fixture's masks): the prompt
+    cut to the batch's longest row, or its padded slots holding other ids, give openpi's
+    actions still."""
+    _, model, inputs, raw, out = reference
+    longest = int(inputs.token_mask.sum(1).max())
+    cut = _with_tokens(inputs, inputs.tokens[:, :longest], inputs.token_mask[:, :longest])
+    close(model.sample_actions(cut, raw["noise"], 10), out["actions_steps10"], "actions of the cut prompt")
+    filled = torch.where(inputs.token_mask, inputs.tokens, torch.full_like(inputs.tokens, 7))
+    close(model.sample_actions(_with_tokens(inputs, filled, inputs.token_mask), raw["noise"], 10),
+          out["actions_steps10"], "actions with other ids in the padding")
+
+
+def test_the_eager_kernel_and_the_fused_one_agree(reference):
+    _, model, inputs, raw, out = reference
+    try:
+        model.attention = "eager"
+        eager = model.sample_actions(inputs, raw["noise"], 5)
+    finally:
+        model.attention = "sdpa"
+    close(eager, out["actions_steps5"], "eager attention's actions")
+    close(model.sample_actions(inputs, raw["noise"], 5), eager, "the fused kernel against the eager one")
+
+
+def test_the_cache_written_in_place_and_the_joined_one_give_one_velocity(reference):
+    """Acting writes each denoise step's keys into the cache's spare slots; training (with
+    autograd) joins them to the prefix's. The same velocity either way, step after step."""
+    _, model, inputs, raw, out = reference
+    with torch.no_grad():
+        in_place = model.prefix_cache(inputs)
+    assert in_place.suffix_room > 0
+    joined = model.prefix_cache(inputs)
+    assert joined.suffix_room == 0 and joined.keys[0].requires_grad
+    for tag, t in (("1p0", 1.0), ("0p4", 0.4)):
+        x, time = raw[f"x_t_at_{tag}"], torch.full((2,), t)
+        with torch.no_grad():
+            fast = model.velocity(in_place, raw["state"], x, time)
+        close(fast, out[f"v_t{tag}"], f"velocity at t = {t} from the cache written in place")
+        close(model.velocity(joined, raw["state"], x, time).detach(), fast, "the joined cache's velocity")

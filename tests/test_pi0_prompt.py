@@ -43,3 +43,49 @@ def test_pi05s_discrete_state_goes_into_the_prompt_in_256_bins(tokenizer):
 def test_a_long_prompt_is_cut_at_max_token_len(tokenizer):
     ids, mask = tokenize_prompts(tokenizer, ["pick up the black bowl " * 20], 12)
     assert ids.shape == (1, 12) and mask.all() and ids[0, 0] == tokenizer.bos_token_id
+
+
+def _bytes(texts: list[str], width: int = 64) -> np.ndarray:
+    rows = np.zeros((len(texts), width), np.uint8)
+    for i, text in enumerate(texts):
+        rows[i, :len(text)] = np.frombuffer(text.encode(), np.uint8)
+    return rows
+
+
+class CountingTokenizer:
+    """The real tokenizer, counting the texts it encodes."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer, self.texts = tokenizer, []
+        self.bos_token_id = tokenizer.bos_token_id
+
+    def encode(self, text, **kwargs):
+        self.texts.append(text)
+        return self.tokenizer.encode(text, **kwargs)
+
+
+def test_the_batch_prompt_tokenizer_gives_openpis_ids_tokenizing_each_instruction_once(tokenizer):
+    from fleetrl.agents.pi0_prompt import PromptTokenizer
+
+    counting = CountingTokenizer(tokenizer)
+    prompts = PromptTokenizer(counting, 48, bucket=8)
+    texts = ["pick up the bowl", "pick up the black bowl", "pick up the bowl"]
+    ids, mask = prompts(_bytes(texts))
+    expected_ids, expected_mask = tokenize_prompts(tokenizer, texts, 48)
+    longest = int(expected_mask.sum(1).max())
+    assert ids.shape[1] == -(-longest // 8) * 8 < 48 and not expected_mask[:, ids.shape[1]:].any()
+    assert np.array_equal(ids, expected_ids[:, :ids.shape[1]]) and np.array_equal(mask, expected_mask[:, :ids.shape[1]])
+    encoded = len(counting.texts)
+    prompts(_bytes(texts[::-1] * 4))
+    assert len(counting.texts) == encoded  # every instruction was already known
+    assert encoded == 2 * 2  # two distinct instructions, each its text and the answer's "\n"
+
+
+def test_pi05s_state_prompts_are_tokenized_per_sample_and_cut_too(tokenizer):
+    from fleetrl.agents.pi0_prompt import PromptTokenizer
+
+    states = np.array([[0.5, -0.5], [0.1, 0.2]], np.float32)
+    ids, mask = PromptTokenizer(tokenizer, 200)(_bytes(["pick up the bowl"] * 2), states)
+    expected_ids, expected_mask = tokenize_prompts(tokenizer, ["pick up the bowl"] * 2, 200, states)
+    assert ids.shape[1] < 200 and np.array_equal(ids, expected_ids[:, :ids.shape[1]])
+    assert mask.sum() == expected_mask.sum() and not np.array_equal(ids[0], ids[1])
