@@ -102,7 +102,9 @@ class RankSync:
         base_steps, base_episodes = self._base
         mean_return = self._local_mean_return()
         with torch.no_grad():
-            checksum = float(sum(p.detach().double().sum() for p in self._parameters))
+            # Each parameter summed in place (float32 accumulation), no float64 copy of the weights.
+            sums = [p.detach().sum(dtype=torch.float32) for p in self._parameters]
+            checksum = float(torch.stack(sums).double().sum()) if sums else 0.0
         row = torch.tensor([float(stopping), self._local_env_steps() - base_steps,
                             self._episodes.total - base_episodes,
                             0.0 if math.isnan(mean_return) else 1.0, 0.0 if math.isnan(mean_return) else mean_return,

@@ -36,6 +36,21 @@ from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.base import Problem
 
 
+def _detached(value: torch.Tensor | float) -> torch.Tensor | float:
+    return value.detach() if isinstance(value, torch.Tensor) else value
+
+
+def host_values(values: dict[str, torch.Tensor | float]) -> dict[str, float]:
+    """`values` as floats, the tensors among them brought to the host in one transfer (one
+    device sync, where `float()` on each would make one apiece)."""
+    tensors = [name for name, value in values.items() if isinstance(value, torch.Tensor)]
+    out = {name: float(value) for name, value in values.items() if not isinstance(value, torch.Tensor)}
+    if tensors:
+        stacked = torch.stack([values[name].reshape(()).to(torch.float32) for name in tensors])
+        out.update(zip(tensors, stacked.tolist(), strict=True))
+    return out
+
+
 @dataclasses.dataclass
 class Step:
     """One optimizer step (or one skipped): its logs, and whether the batch's updates end here."""
@@ -152,33 +167,36 @@ class Trainer:
         microbatches', each freed after its backward pass."""
         self.optimizer.zero_grad(set_to_none=True)
         parts = self.accumulation_steps
-        summaries: dict[str, float] = {}
-        approx_kl: float | None = None
+        # The logged values stay on the device until the step is taken: one sync for them all.
+        summaries: dict[str, torch.Tensor | float] = {}
+        approx_kl: torch.Tensor | float | None = None
         for index in torch.arange(minibatch.batch_size, device=self.device).chunk(parts):
             micro = minibatch if parts == 1 else minibatch.select(index)
             micro_prepared = prepared if parts == 1 else {k: v[:, index] for k, v in prepared.items()}
             result = self.algorithm.loss(self.problem, self.agent, micro, micro_prepared)
             (result.loss if parts == 1 else result.loss / parts).backward()
             for name, value in result.logs.items():
-                summaries[name] = summaries.get(name, 0.0) + float(value) / parts
+                summaries[name] = summaries.get(name, 0.0) + _detached(value) / parts
             if result.approx_kl is not None:
-                approx_kl = (approx_kl or 0.0) + float(result.approx_kl) / parts
-        if self.data_parallel is not None:  # every rank decides on the same KL and steps on the same gradient
-            if approx_kl is not None:
-                approx_kl = self.data_parallel.mean(approx_kl)
+                approx_kl = (approx_kl or 0.0) + _detached(result.approx_kl) / parts
         target_kl = self.problem.config.target_kl
-        stopped_early = None if target_kl is None or approx_kl is None else approx_kl > 1.5 * target_kl
+        stopped_early = None
+        if target_kl is not None and approx_kl is not None:  # a decision on the host: its own sync
+            approx_kl = float(approx_kl)
+            if self.data_parallel is not None:  # every rank decides on the same KL and steps on the same gradient
+                approx_kl = self.data_parallel.mean(approx_kl)
+            stopped_early = approx_kl > 1.5 * target_kl
         if stopped_early:  # this batch has moved the policy far enough: no step on it (SB3's check, before the step)
-            return Step(summaries, ends_batch=True, stopped_early=True)
+            return Step(host_values(summaries), ends_batch=True, stopped_early=True)
         if self.data_parallel is not None and self.sharded is None:  # FSDP averaged them in the backward pass
             self.data_parallel.average_gradients(self._parameters)
         grad_norm = whole(torch.nn.utils.clip_grad_norm_(self._parameters, self.problem.config.max_grad_norm))
-        summaries.update({"optim/grad_norm": float(grad_norm),
+        summaries.update({"optim/grad_norm": grad_norm.detach(),
                           "optim/learning_rate": self.optimizer.param_groups[0]["lr"]})
         if self.sharded is not None:
             self.optimizer.step()  # the shards, which inference never reads
             self.sharded.publish(self.policy)
-            return Step(summaries, stopped_early=stopped_early)
+            return Step(host_values(summaries), stopped_early=stopped_early)
         before_step = self.trust_region.weights() if self.trust_region else None
         shortening = None
         with self.policy.lock:  # the only writes to the weights; the version counts these steps
@@ -187,6 +205,6 @@ class Trainer:
                 shortening = self.trust_region.enforce(before_step)
             self.policy.version += 1
         if shortening is None:
-            return Step(summaries, stopped_early=stopped_early)
-        return Step({**summaries, **shortening.logs()}, ends_batch=shortening.step_fraction < 1.0,
+            return Step(host_values(summaries), stopped_early=stopped_early)
+        return Step({**host_values(summaries), **shortening.logs()}, ends_batch=shortening.step_fraction < 1.0,
                     stopped_early=stopped_early)

@@ -209,3 +209,26 @@ def test_max_state_kl_is_refused_outside_ppo_by_name():
         load_problem("cartpole", {"algorithm": "vtrace", "max_state_kl": "0.1"})
     with pytest.raises(ValueError, match="max_state_kl"):
         load_problem("cartpole", {"algorithm": "ppo", "max_state_kl": "0"})
+
+
+def test_an_optimizer_step_brings_its_logged_values_to_the_host_in_one_read(unroll_batch, monkeypatch):
+    """Each float() or .item() of a device tensor waits for the device; the trainer reads all
+    of a step's logged values (losses, KL, grad norm) in one transfer instead of one apiece."""
+    problem = load_problem("cartpole", {"algorithm": "ppo", "epochs": "3", "minibatches": "4"})
+    agent = problem.make_agent()
+    batch = unroll_batch(problem, agent)
+    trainer = Trainer(problem, agent, problem.make_optimizer(agent.parameters()), PolicyVersion(),
+                      torch.device("cpu"))
+    reads = []
+    for name in ("__float__", "item", "tolist", "__bool__"):
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, _name=name, **kwargs):
+            reads.append(_name)
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    logs = trainer.update(batch)
+    monkeypatch.undo()
+    assert trainer.policy.version == 12 and {"loss/value", "ppo/approx_kl", "optim/grad_norm"} <= set(logs)
+    assert len(reads) <= 12 + 1, reads  # a read per step, and the batch's policy lag
