@@ -7,7 +7,7 @@ STAMP := $(VENV)/.fleetrl-installed
 LOGDIR ?=
 RUN_FLAGS ?=
 
-.PHONY: run tensorboard evaluate test test-fast lint install libero proto bench bench-peers bench-classic bench-soak clean
+.PHONY: run tensorboard evaluate test test-fast lint install libero proto bench bench-gpu gpu-wheels bench-peers bench-classic bench-soak clean
 
 install: $(STAMP)
 
@@ -73,6 +73,29 @@ proto: install
 
 bench: install
 	$(PY) -m fleetrl.bench.throughput --num_actors=2 --envs_per_actor=32
+
+# The GPU bench (docs/performance.md, "On a GPU"): the chip, a real-size random pi0.5
+# alone, and the whole system (learner on cuda, actor processes over gRPC, PPO on), in
+# one table within 8 minutes. It installs nothing and downloads nothing: it runs on .venv
+# where there is one, else on the machine's python3 (a GPU machine's, with its CUDA
+# torch), the repository imported as `fleetrl` from a link in /tmp and what that python
+# lacks installed beforehand from `make gpu-wheels`' files (BUILD.md, "On a GPU machine").
+# GPU_BENCH_FLAGS=--size=tiny runs every step on a CPU.
+GPU_BENCH_FLAGS ?=
+IMPORT_ROOT := /tmp/fleetrl-import
+bench-gpu:
+	@if [ -x $(PY) ]; then py=$(PY); else py=$(PYTHON); mkdir -p $(IMPORT_ROOT) && \
+	    ln -sfn $(CURDIR) $(IMPORT_ROOT)/fleetrl; fi; \
+	PYTHONPATH=$(IMPORT_ROOT)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 $$py -m fleetrl.bench.pi0_gpu $(GPU_BENCH_FLAGS)
+
+# The wheels a GPU machine's python3 lacks (it has torch, transformers, tokenizers and
+# safetensors), for Python 3.12 on x86-64, at .venv's versions, into .whl/ (git ignores it).
+GPU_WHEELS := grpcio protobuf absl-py gymnasium cloudpickle farama-notifications tensorboard \
+    tensorboard-data-server markdown werkzeug
+gpu-wheels: install
+	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+	    -d .whl $$($(PY) -m pip freeze | grep -i -E '^($(shell echo $(GPU_WHEELS) | tr ' ' '|'))==')
 
 # Sample Factory 2.1.1 against fleetrl on CartPole (bench/peers.py). SF pins numpy<2 and
 # gymnasium 0.29, so it gets its own virtualenv; torch goes first there too (CPU build).

@@ -466,7 +466,7 @@ def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torc
 
 def eager_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """openpi's eager attention, the same shapes: keys and values copied per query head, an
-    explicit float32 softmax. Kept to measure the fused kernel against (bench/pi0_attention.py)."""
+    explicit float32 softmax. Kept to measure the fused kernel against (bench/pi0_inference_step.py)."""
     groups = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
     scores = torch.matmul(q, k.transpose(2, 3)) * q.shape[-1] ** -0.5 + bias

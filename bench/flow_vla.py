@@ -44,6 +44,8 @@ def observations(problem, count: int, device: torch.device) -> dict[str, torch.T
 
 def seconds_per_call(call, repeats: int) -> float:
     call()
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()  # the untimed call's kernels are not the timed ones'
     started = time.perf_counter()
     for _ in range(repeats):
         call()

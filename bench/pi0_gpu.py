@@ -1,16 +1,24 @@
-"""A real-size pi0.5 on a GPU: loading a checkpoint, denoising for the fleet, PPO updates.
+"""A real-size pi0.5 on a GPU, alone and as the whole system: `make bench-gpu`.
 
     python -m fleetrl.bench.pi0_gpu --folder=/tmp/pi05 --batch_sizes=1,8,64 --update_batch=32
 
+0. The chip: its measured bfloat16 matrix TFLOP/s (float32 on a CPU), so that each figure
+   is also a fraction of it (the FLOPs of a chunk counted by torch's FlopCounterMode).
 1. Writes a random-initialized pi0.5 at openpi's sizes (Gemma 2B prefix, 300M expert,
    So400m SigLIP, horizon 10) as openpi's `model.safetensors` (every tensor bfloat16, the
    tied embedding as the lm_head, the expert's lm_head too), unless the folder has one.
 2. Loads it with `load_pi0(dtype=bfloat16)` in fresh processes, to the CPU and to the GPU:
-   the time, peak host memory (ru_maxrss) against the file's size, and peak GPU memory.
-3. Denoises chunks (5 steps, 2 cameras and a 200-token prompt as LIBERO's) by batch size.
+   the time, peak host memory against the file's size, and peak GPU memory.
+3. Denoises chunks (5 steps, 2 cameras and a 200-slot prompt as LIBERO's) by batch size.
 4. PPO update samples/s through `FlowVLAAgent`: the expert trained alone (RLinf's
    default), and with LoRA on the prefix as well.
-Figures print as they come; --size=tiny runs the same steps on a CPU in seconds.
+5. The whole system (`bench.pi0_fleet`): `launch.local` with the learner on the device
+   serving that model to `--fleet_actors` actor processes over gRPC, PPO on, a
+   LIBERO-shaped env almost free to step: chunks/s end to end, the GPU's busy fraction,
+   the batch fill, PPO samples/s while serving, and the ratio to the model alone's
+   chunks/s at the batch the fleet filled.
+Figures print as they come, then one table. --size=tiny runs every step on a CPU
+(tests/test_bench_pi0_gpu.py runs it); nothing is installed or downloaded.
 """
 
 from __future__ import annotations
@@ -39,6 +47,13 @@ def define_flags() -> None:
     flags.DEFINE_integer("update_batch", 32, "Samples (chunks) per PPO update.")
     flags.DEFINE_integer("repeats", 5, "Timed repeats per figure (after one untimed).")
     flags.DEFINE_integer("lora_rank", 32, "LoRA rank on the prefix for the second PPO figure.")
+    flags.DEFINE_integer("fleet_actors", 12, "Actor processes of the whole-system run (0: no such run).")
+    flags.DEFINE_integer("fleet_envs_per_actor", 8, "Envs each actor steps.")
+    flags.DEFINE_integer("fleet_inference_batch", 64, "The learner's inference batch size in that run.")
+    flags.DEFINE_float("fleet_warmup_s", 90.0, "Seconds the whole system runs before its figures are taken.")
+    flags.DEFINE_float("fleet_measure_s", 60.0, "Seconds over which they are taken.")
+    flags.DEFINE_boolean("fleet_block_inference_on_training", False, "The learner's setting of that name: "
+                         "inference waits while PPO trains (false: they share the device).")
 
 
 def model_config(size: str):
@@ -124,24 +139,28 @@ def observations(batch: int, device: str, tokens: int = 40) -> dict[str, torch.T
             "state": torch.randn(batch, 8, generator=generator), "language": language}
 
 
+def bench_tokenizer():
+    """A byte-level tokenizer standing in for PaliGemma's (nothing downloads); ids stay in range."""
+    from fleetrl.agents.pretrained_base import import_transformers
+    from fleetrl.agents.tiny_builds import byte_level_bpe
+
+    transformers = import_transformers("the bench")
+    bpe = byte_level_bpe(["put the black bowl on the plate"], 300, ("<pad>", "<bos>", "<eos>"), "the bench")
+    return transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<bos>",
+                                                eos_token="<eos>")
+
+
 def make_agent(folder: str, device: str, lora_rank: int):
     from fleetrl.agents.flow_sampler import FlowSamplerConfig
     from fleetrl.agents.flow_vla import BaseModel, FlowVLAAgent
     from fleetrl.agents.lora import LoraSpec
     from fleetrl.agents.pi0_checkpoint import load_pi0
-    from fleetrl.agents.pretrained_base import import_transformers
-    from fleetrl.agents.tiny_builds import byte_level_bpe
 
-    transformers = import_transformers("the bench")
-    # A byte-level tokenizer stands in for PaliGemma's (nothing downloads); ids stay in range.
-    bpe = byte_level_bpe(["put the black bowl on the plate"], 300, ("<pad>", "<bos>", "<eos>"), "the bench")
-    tokenizer = transformers.PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<bos>",
-                                                     eos_token="<eos>")
     model = load_pi0(folder, dtype="bfloat16", device=device)
     agent = FlowVLAAgent(folder, action_dim=7, chunk_size=5, image_keys=("main_image", "wrist_image"),
                          sampler=FlowSamplerConfig(denoise_steps=FLAGS.denoise_steps), dtype="bfloat16",
                          lora=LoraSpec(lora_rank) if lora_rank else None,
-                         base=BaseModel(model, tokenizer, None)).to(device)
+                         base=BaseModel(model, bench_tokenizer(), None)).to(device)
     return agent
 
 
@@ -172,54 +191,123 @@ def ppo_samples_per_s(agent, device: str) -> float:
     return batch / seconds_per_call(update, FLAGS.repeats)
 
 
-def report_update(what: str, agent, device: str) -> None:
+def report_update(table, what: str, agent, device: str) -> None:
     try:
-        print(f"PPO update, {what}: {ppo_samples_per_s(agent, device):.1f} samples/s (batch {FLAGS.update_batch})")
+        table.add(f"PPO update, {what}", f"{ppo_samples_per_s(agent, device):.1f} samples/s",
+                  f"batch {FLAGS.update_batch}")
     except torch.cuda.OutOfMemoryError:
-        print(f"PPO update, {what}: out of GPU memory at batch {FLAGS.update_batch}")
+        table.add(f"PPO update, {what}", "out of GPU memory", f"batch {FLAGS.update_batch}")
+
+
+def matmul_tflops(device: str) -> tuple[float, str]:
+    """The chip's measured dense matrix throughput (TFLOP/s) and the dtype it was taken in."""
+    dtype, n = (torch.bfloat16, 8192) if device == "cuda" else (torch.float32, 1024)
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    seconds = seconds_per_call(lambda: a @ b, 20)
+    return 2 * n**3 / seconds / 1e12, str(dtype).removeprefix("torch.")
+
+
+def flops_per_chunk(agent, device: str) -> float:
+    """Floating-point operations of one chunk (batch 1, all denoise steps), as torch counts them."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    obs = {k: v.to(device) for k, v in observations(1, device).items()}
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        agent.step(obs, torch.ones(1, dtype=torch.bool, device=device), ())
+    return float(counter.get_total_flops())
+
+
+class Table:
+    """The figures as they come (printed at once) and as one markdown table at the end."""
+
+    def __init__(self):
+        self.rows: list[tuple[str, str, str]] = []
+
+    def add(self, figure: str, value: str, note: str = "") -> None:
+        print(f"{figure}: {value}{f' ({note})' if note else ''}", flush=True)
+        self.rows.append((figure, value, note))
+
+    def print(self) -> None:
+        print("\n| figure | value | of the chip / against |\n|---|---|---|")
+        for row in self.rows:
+            print("| " + " | ".join(row) + " |")
 
 
 def main(argv) -> None:
     del argv
+    from fleetrl.bench.pi0_fleet import FleetSettings, measure_fleet
+
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    folder = FLAGS.folder
-    print(f"device {device} ({torch.cuda.get_device_name() if device == 'cuda' else 'CPU'}), torch {torch.__version__}")
+    folder, table = FLAGS.folder, Table()
+    chip = torch.cuda.get_device_name() if device == "cuda" else "CPU"
+    print(f"device {device} ({chip}), torch {torch.__version__}, size {FLAGS.size}", flush=True)
+    tflops, dtype = matmul_tflops(device)
+    table.add(f"chip: dense {dtype} matmul", f"{tflops:.0f} TFLOP/s" if tflops >= 10 else f"{tflops:.2f} TFLOP/s",
+              chip)
     path = os.path.join(folder, "model.safetensors")
     if not os.path.isfile(path):
         seconds = write_checkpoint(folder, FLAGS.size, device)
         print(f"wrote a random {FLAGS.size} pi0.5 in openpi's layout in {seconds:.1f} s")
+    tokenizer_folder = os.path.join(folder, "bench_tokenizer")
+    bench_tokenizer().save_pretrained(tokenizer_folder)
     file_bytes = os.path.getsize(path)
-    print(f"model.safetensors: {file_bytes / 2**30:.2f} GiB")
     for target in ("cpu", device) if device == "cuda" else ("cpu",):
         load = measure_load(folder, target)
         added = load["host_peak_bytes"] - load["baseline_bytes"]
-        print(f"load_pi0 bfloat16 to {target}: {load['seconds']:.1f} s, {load['parameters'] / 1e9:.2f} B parameters, "
-              f"peak host {load['host_peak_bytes'] / 2**30:.2f} GiB ({load['baseline_bytes'] / 2**30:.2f} before "
-              f"loading; the load added {added / 2**30:.2f} GiB = {added / file_bytes:.2f}x the file), "
-              f"peak GPU {load['gpu_peak_bytes'] / 2**30:.2f} GiB")
+        table.add(f"load_pi0 bfloat16 to {target}", f"{load['seconds']:.2f} s",
+                  f"{load['parameters'] / 1e6:,.1f} M parameters, {file_bytes / 2**30:.2f} GiB file, host peak "
+                  f"+{added / 2**30:.2f} GiB ({added / file_bytes:.2f}x the file), GPU peak "
+                  f"{load['gpu_peak_bytes'] / 2**30:.2f} GiB")
     agent = make_agent(folder, device, 0).eval()
+    flops = flops_per_chunk(agent, device)
+    print(f"one chunk: {flops / 1e9:.1f} GFLOP ({FLAGS.denoise_steps} denoise steps, as FlopCounterMode counts)")
+    alone: dict[int, float] = {}
     for size in map(int, FLAGS.batch_sizes):
         obs = {k: v.to(device) for k, v in observations(size, device).items()}
         first = torch.ones(size, dtype=torch.bool, device=device)
 
-        def act():
+        def act(agent=agent, obs=obs, first=first):
             with torch.no_grad():
                 agent.step(obs, first, ())
 
         seconds = seconds_per_call(act, FLAGS.repeats)
-        print(f"denoise {FLAGS.denoise_steps} steps, batch {size}: {size / seconds:.1f} chunks/s "
-              f"({1000 * seconds:.1f} ms a batch)")
+        alone[size] = size / seconds
+        table.add(f"model alone, batch {size}", f"{alone[size]:.1f} chunks/s ({1000 * seconds:.1f} ms a batch)",
+                  f"{alone[size] * flops / 1e12 / tflops:.0%} of the chip")
     if device == "cuda":
         print(f"peak GPU memory so far {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
-    report_update("expert only", agent, device)
+    report_update(table, "expert only", agent, device)
     del agent
     if device == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     agent = make_agent(folder, device, FLAGS.lora_rank)
-    report_update(f"expert + LoRA rank {FLAGS.lora_rank} on the prefix", agent, device)
+    report_update(table, f"expert + LoRA rank {FLAGS.lora_rank} on the prefix", agent, device)
     if device == "cuda":
         print(f"peak GPU memory in the LoRA update {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
+    del agent
+    if device == "cuda":
+        torch.cuda.empty_cache()
+    if FLAGS.fleet_actors:
+        settings = FleetSettings(actors=FLAGS.fleet_actors, envs_per_actor=FLAGS.fleet_envs_per_actor,
+                                 inference_batch_size=FLAGS.fleet_inference_batch, warmup_s=FLAGS.fleet_warmup_s,
+                                 measure_s=FLAGS.fleet_measure_s,
+                                 block_inference_on_training=FLAGS.fleet_block_inference_on_training)
+        fleet = measure_fleet(folder, tokenizer_folder, device, os.path.join(folder, "fleet_run"), settings,
+                              FLAGS.denoise_steps)
+        nearest = min(alone, key=lambda b: abs(b - fleet.mean_batch))
+        table.add(f"whole system, {settings.actors} actors x {settings.envs_per_actor} envs, PPO on",
+                  f"{fleet.chunks_per_s:.1f} chunks/s",
+                  f"{fleet.chunks_per_s / alone[nearest]:.2f}x the model alone at batch {nearest}; "
+                  f"{fleet.chunks_per_s * flops / 1e12 / tflops:.0%} of the chip")
+        table.add("whole system: inference batch", f"{fleet.mean_batch:.1f} envs",
+                  f"{fleet.batch_fill:.0%} of {settings.inference_batch_size}")
+        table.add("whole system: PPO while serving", f"{fleet.ppo_samples_per_s:.1f} samples/s",
+                  f"{fleet.trainer_steps_per_s:.2f} trainer steps/s of {settings.unroll_length} x "
+                  f"{settings.batch_size} chunks")
+        table.add("whole system: GPU busy", "n/a (no nvidia-smi)" if fleet.gpu_busy is None
+                  else f"{fleet.gpu_busy:.0%}", f"{fleet.writes} summary writes averaged")
+    table.print()
 
 
 if __name__ == "__main__":

@@ -106,7 +106,7 @@ class FlowVLAConfig(ProblemConfig):
                                                   "backward pass: less memory, more compute.")
     attention: str = setting("sdpa", "The joint attention's kernel: sdpa (torch's fused, grouped-query "
                                      "scaled_dot_product_attention) or eager (openpi's own, per-head copies and an "
-                                     "explicit float32 softmax; bench/pi0_attention.py compares them).")
+                                     "explicit float32 softmax; bench/pi0_inference_step.py compares them).")
     prompt_bucket: int = setting(8, "The prompt is cut to the batch's longest instruction, rounded up to this many "
                                     "token slots (padded slots change no output; fewer shapes for kernels to "
                                     "meet).")
