@@ -35,6 +35,7 @@ model's config, so a checkpoint is small and refuses to load onto another base m
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 import warnings
@@ -46,6 +47,7 @@ import torch
 from torch import nn
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
+from fleetrl.agents.generation_record import PromptState, chosen_token_log_probs, final_norm
 from fleetrl.agents.pretrained_base import PretrainedBase, check_model_folder, fingerprint, import_transformers
 from fleetrl.agents.token_offsets import token_byte_lengths, tokens_through
 from fleetrl.common.extras import MissingExtra
@@ -236,18 +238,25 @@ class VLMAgent(PretrainedBase, Agent):
         sample = self.training or not self.greedy_eval
         sampling = dict(do_sample=True, temperature=self.temperature, top_p=self.top_p) if sample \
             else dict(do_sample=False)
-        generated = self.model.generate(**inputs, max_new_tokens=self.max_new_tokens, output_logits=True,
-                                        output_hidden_states=True, return_dict_in_generate=True,
-                                        pad_token_id=self.tokenizer.pad_token_id,
-                                        eos_token_id=self.tokenizer.eos_token_id,
-                                        suppress_tokens=self.suppressed_tokens, **sampling)
+        # Generation keeps each chosen token's log-prob and the prompt's state, nothing more
+        # (agents/generation_record.py); a decoder without a final `norm` gets every layer's states.
+        scorer, norm = chosen_token_log_probs(self._log_probs), final_norm(self.model)
+        with PromptState(norm) if norm is not None else contextlib.nullcontext() as prompt_state:
+            generated = self.model.generate(
+                **inputs, max_new_tokens=self.max_new_tokens, output_hidden_states=norm is None,
+                return_dict_in_generate=True, pad_token_id=self.tokenizer.pad_token_id,
+                eos_token_id=self.tokenizer.eos_token_id, suppress_tokens=self.suppressed_tokens,
+                logits_processor=self._logits_processors(scorer), **sampling)
         prompt_length = inputs["input_ids"].shape[1]
         tokens = generated.sequences[:, prompt_length:]
-        logprobs = self._log_probs(torch.stack(generated.logits, dim=1))  # [B, n, V]
-        token_logprobs = logprobs.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
-        out = self._answer(tokens, token_logprobs)
-        out["baseline"] = self._value(generated.hidden_states[0][-1][:, -1])
+        out = self._answer(tokens, scorer.finish(tokens))
+        state = prompt_state.state if norm is not None else generated.hidden_states[0][-1][:, -1]
+        out["baseline"] = self._value(state)
         return out
+
+    @staticmethod
+    def _logits_processors(scorer):
+        return import_transformers("VLM generation").LogitsProcessorList([scorer])
 
     def _prefill(self, observation: Observation) -> AgentOutput:
         """The prompt's value in one forward pass, and an empty answer."""

@@ -5,7 +5,8 @@
 For each batch size: batched generation of `max_new_tokens` (the learner's inference step
 for that many envs; sampled, as in training) in new tokens/s and ms per batch, and one
 teacher-forced PPO update over the same answers in samples/s, with the peak memory of the
-device. `--device=cuda` runs it on a GPU; `--hparams` sets the Problem's config (a
+device (on a CPU, what a generation added to the process's resident memory at its peak).
+`--device=cuda` runs it on a GPU; `--hparams` sets the Problem's config (a
 `--hparams=model_path=/models/llava-v1.6-mistral-7b-hf`, say).
 """
 
@@ -29,6 +30,19 @@ flags.DEFINE_integer("repeats", 3, "Timed batches per size, after one warm-up.")
 flags.DEFINE_string("device", "cpu", "cpu or cuda.")
 flags.DEFINE_integer("threads", 1, "torch threads on CPU (the learner's inference runs on one).")
 FLAGS = flags.FLAGS
+
+
+def proc_status_bytes(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def reset_peak_resident() -> int:
+    """Resets the process's peak resident memory (Linux's clear_refs) and returns the
+    resident memory now, for a CPU's peak: torch's allocator keeps no statistics there."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return proc_status_bytes("VmRSS")
 
 
 def observations(problem, count: int) -> dict[str, torch.Tensor]:
@@ -71,13 +85,17 @@ def main(argv: list[str]) -> None:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats()
         tokens, seconds, update_seconds = 0.0, 0.0, 0.0
+        generation_peak = 0
         for repeat in range(FLAGS.repeats + 1):
             sync()
+            before = reset_peak_resident() if device.type == "cpu" else 0
             started = time.perf_counter()
             with torch.no_grad():
                 out, _ = agent.step(obs, first, ())
             sync()
             generated = time.perf_counter()
+            if device.type == "cpu":
+                generation_peak = max(generation_peak, proc_status_bytes("VmHWM") - before)
             trainer.update(one_step_batch(problem, {k: v.cpu() for k, v in obs.items()}, out))
             sync()
             if repeat:  # the first is warm-up
@@ -85,7 +103,10 @@ def main(argv: list[str]) -> None:
                 seconds += generated - started
                 update_seconds += time.perf_counter() - generated
         agent.inference_metrics()  # drained: the bench times generation itself
-        peak = f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB" if device.type == "cuda" else "-"
+        if device.type == "cuda":
+            peak = f"{torch.cuda.max_memory_allocated() / 2**30:.2f} GiB"
+        else:  # what a generation added at its peak to the process's resident memory
+            peak = f"+{generation_peak / 2**20:.0f} MiB"
         print(f"{size:>5} | {tokens / seconds:>12,.0f} | {1000 * seconds / FLAGS.repeats:>8.0f} | "
               f"{tokens / (size * FLAGS.repeats):>13.1f} | {size * FLAGS.repeats / update_seconds:>16.1f} | "
               f"{peak:>11}")

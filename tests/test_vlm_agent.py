@@ -117,6 +117,34 @@ def test_training_recomputes_the_log_probs_that_acted(temperature):
                                problem.action_log_prob(acted, {k: acted[k] for k in actions}), atol=1e-3, rtol=1e-4)
 
 
+def test_generation_keeps_no_logits_and_no_per_layer_states():
+    """What generation holds: no step's full-vocabulary logits, no layer's states but the
+    prompt's last one (through the final norm), yet the same log-probs and value."""
+    problem = numberline(max_new_tokens=8)
+    torch.manual_seed(0)
+    agent = problem.make_agent()
+    _, obs = observations(problem, 3)
+    batch = stack(obs)
+    kept = []
+    generate = agent.model.generate
+
+    def spy(**kwargs):
+        kept.append((kwargs, generate(**kwargs)))
+        return kept[-1][1]
+
+    agent.model.generate = spy
+    with torch.no_grad():
+        acted, _ = agent.step(batch, torch.zeros(3, dtype=torch.bool), ())
+        actions = {k: acted[k].unsqueeze(0) for k in ("tokens", "num_tokens", "thought_tokens")}
+        scored, _ = agent.unroll({k: v.unsqueeze(0) for k, v in batch.items()}, torch.zeros(1, 3, dtype=torch.bool),
+                                 (), actions)
+    (kwargs, generated), = kept
+    assert not kwargs.get("output_logits") and not kwargs["output_hidden_states"]
+    assert getattr(generated, "logits", None) is None and getattr(generated, "hidden_states", None) is None
+    torch.testing.assert_close(scored["token_logprobs"][0], acted["token_logprobs"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(scored["baseline"][0], acted["baseline"], atol=1e-4, rtol=1e-4)
+
+
 def test_the_action_log_prob_scales_the_thoughts_by_lambda():
     problem = numberline(thought_lambda=0.3)
     token_logprobs = torch.tensor([[-1.0, -2.0, -3.0, -4.0, -5.0, 0.0],
