@@ -88,10 +88,10 @@ bench-gpu:
 	    ln -sfn $(CURDIR) $(IMPORT_ROOT)/fleetrl; fi; \
 	PYTHONPATH=$(IMPORT_ROOT)$${PYTHONPATH:+:$$PYTHONPATH} PYTHONUNBUFFERED=1 $$py -m fleetrl.bench.pi0_gpu $(GPU_BENCH_FLAGS)
 
-# The wheels a GPU machine's python3 lacks (it has torch, transformers, tokenizers and
-# safetensors), for Python 3.12 on x86-64, at .venv's versions, into .whl/ (git ignores it).
+# The wheels a GPU machine's python3 lacks (it has torch, tokenizers, safetensors and an
+# older transformers), for Python 3.12 on x86-64, at .venv's versions, into .whl/ (git ignores it).
 GPU_WHEELS := grpcio protobuf absl-py gymnasium cloudpickle farama-notifications tensorboard \
-    tensorboard-data-server markdown werkzeug
+    tensorboard-data-server markdown werkzeug transformers
 gpu-wheels: install
 	$(PY) -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 	    --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
