@@ -289,9 +289,9 @@ class VLMAgent(PretrainedBase, Agent):
     def _describe(self, tokens: torch.Tensor, num_tokens: torch.Tensor) -> AgentOutput:
         """thought_tokens, and the answers as zero-padded UTF-8 bytes (`text`, `text_length`)."""
         thoughts, texts, lengths = [], [], []
-        for row, count in zip(tokens.tolist(), num_tokens.tolist()):
-            answer = row[:count]
-            text = self.tokenizer.decode(answer, skip_special_tokens=True)
+        answers = [row[:count] for row, count in zip(tokens.tolist(), num_tokens.tolist())]  # one host copy
+        # The tokenizer's batch decode: one call into the fast tokenizer for the whole batch.
+        for answer, text in zip(answers, self.tokenizer.batch_decode(answers, skip_special_tokens=True)):
             thoughts.append(self._thought_tokens(answer, text))
             data = text.encode("utf-8")[:self.max_text_bytes].decode("utf-8", errors="ignore").encode("utf-8")
             texts.append(np.frombuffer(data.ljust(self.max_text_bytes, b"\0"), np.uint8))
@@ -329,11 +329,10 @@ class VLMAgent(PretrainedBase, Agent):
     def _encode_answers(self, data: torch.Tensor, lengths: torch.Tensor) -> AgentOutput:
         """Answers given as zero-padded UTF-8 bytes (the oracle's), tokenized as the model
         would write them: tokens, EOS, cut to max_new_tokens."""
-        rows = []
-        for row, length in zip(data.cpu().numpy(), lengths.cpu().tolist()):
-            text = bytes(row[:int(length)]).decode("utf-8", errors="replace")
-            ids = self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
-            rows.append(ids[:self.max_new_tokens])
+        texts = [bytes(row[:int(length)]).decode("utf-8", errors="replace")
+                 for row, length in zip(data.cpu().numpy(), lengths.cpu().tolist())]
+        encoded = self.tokenizer(texts, add_special_tokens=False)["input_ids"] if texts else []
+        rows = [(ids + [self.tokenizer.eos_token_id])[:self.max_new_tokens] for ids in encoded]
         tokens = torch.full((len(rows), self.max_new_tokens), self.tokenizer.pad_token_id, dtype=torch.long)
         for i, ids in enumerate(rows):
             tokens[i, :len(ids)] = torch.tensor(ids)

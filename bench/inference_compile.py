@@ -52,7 +52,7 @@ def inputs(problem, agent, batch_size: int, rng: np.random.Generator):
                                              else rng.normal(size=(batch_size, *s.shape))).astype(s.dtype))
                    for s in problem.observation_specs()}
     observation.update({f"prev_action/{k}": v for k, v in prev_action.items()})
-    return observation, first, state
+    return observation, torch.from_numpy(first), state
 
 
 def time_calls(fn, args, calls: int) -> float:

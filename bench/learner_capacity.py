@@ -61,6 +61,8 @@ def define_flags() -> None:
     flags.DEFINE_float("measure_s", 8.0, "Seconds measured per cell.")
     flags.DEFINE_integer("episode_length", 50, "Steps between an env's episode ends.")
     flags.DEFINE_list("learner_flags", [], "More flags for the learner, as name=value.")
+    flags.DEFINE_list("hparams", [], "Problem hparams, as name=value, for the learner and the streams alike "
+                      "(image_size=256 for LIBERO's cameras on fleetrl.bench.libero_shaped:LiberoShapedProblem).")
     flags.DEFINE_enum("client", "sync", ["sync", "aio"], "The clients' gRPC: sync (a thread per stream, as an "
                       "actor) or aio (every stream of a client process on one event loop: cheaper per message, so "
                       "more of two cores is left to the learner).")
@@ -68,10 +70,11 @@ def define_flags() -> None:
 
 # ----- the synthetic streams -----
 
-def step_messages(problem_name: str, num_envs: int, episode_length: int) -> tuple[pb.ActorMessage, list[bytes]]:
+def step_messages(problem_name: str, num_envs: int, episode_length: int,
+                  hparams: dict[str, str] | None = None) -> tuple[pb.ActorMessage, list[bytes]]:
     """The handshake, and `episode_length` serialized Step messages for `num_envs` envs whose
     observations are the Problem env's own (a pool from random play)."""
-    problem = load_problem(problem_name)
+    problem = load_problem(problem_name, hparams)
     env = problem.make_actor_env()
     names = [spec.name for spec in problem.observation_specs()]
     pool, (obs, info) = [], env.reset(seed=0)
@@ -186,9 +189,10 @@ def window_cpu(start_at: float, stop_at: float, out: list) -> None:
 
 
 def client(index: int, address: str, problem_name: str, streams: int, num_envs: int, episode_length: int,
-           start_at: float, stop_at: float, out: multiprocessing.Queue, kind: str = "sync") -> None:
+           start_at: float, stop_at: float, out: multiprocessing.Queue, kind: str = "sync",
+           hparams: dict[str, str] | None = None) -> None:
     """Puts (messages answered, round trips, CPU seconds) of the measured window on `out`."""
-    handshake, messages = step_messages(problem_name, num_envs, episode_length)
+    handshake, messages = step_messages(problem_name, num_envs, episode_length, hparams)
     cpu: list[float] = []
     meter = threading.Thread(target=window_cpu, args=(start_at, stop_at, cpu))
     meter.start()
@@ -225,7 +229,8 @@ def cell(problem: str, streams: int, num_envs: int, training: bool) -> dict[str,
             [sys.executable, "-m", "fleetrl.launch.learner", f"--problem={problem}", f"--logdir={logdir}",
              "--bind=127.0.0.1:0", f"--max_actors={streams + 4}", f"--inference_batch_size={streams * num_envs}",
              "--train" if training else "--notrain", "--checkpoint_interval_s=0",
-             *(f"--{flag}" for flag in FLAGS.learner_flags)],
+             *(f"--{flag}" for flag in FLAGS.learner_flags),
+             *([f"--hparams={','.join(FLAGS.hparams)}"] if FLAGS.hparams else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         try:
             address_file = os.path.join(logdir, "learner_address")
@@ -241,7 +246,8 @@ def cell(problem: str, streams: int, num_envs: int, training: bool) -> dict[str,
             out: multiprocessing.Queue = multiprocessing.get_context("spawn").Queue()
             clients = [multiprocessing.get_context("spawn").Process(
                 target=client, args=(i, address, problem, len(range(i, streams, processes)), num_envs,
-                                     FLAGS.episode_length, start_at, stop_at, out, FLAGS.client))
+                                     FLAGS.episode_length, start_at, stop_at, out, FLAGS.client,
+                                     dict(h.split("=", 1) for h in FLAGS.hparams)))
                        for i in range(processes)]
             for c in clients:
                 c.start()

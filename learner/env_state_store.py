@@ -16,6 +16,12 @@ threads while the inference thread writes.
 
 The store records whatever per-step fields it is given, by name: it knows nothing of the
 features (action chunks, teacher forcing, ...) that extras carry.
+
+Its tensors live on the model's device, so a step's observations are written there once,
+from the inference batch already on the device, and the unrolls it emits (and the batches
+collated from them) never cross to the device again; the recurrent states stay there
+between steps. Slot bookkeeping (lengths, run ids) stays on the host in numpy. On a GPU this
+holds every env's partial unroll in GPU memory: envs x (unroll_length + 1) steps.
 """
 
 from __future__ import annotations
@@ -37,11 +43,12 @@ FieldSpecs = Mapping[str, tuple[torch.dtype, tuple[int, ...]]]
 
 class EnvStateStore:
     def __init__(self, unroll_length: int, fields: FieldSpecs, action_fields: FieldSpecs,
-                 state_template: Any, capacity: int = 64):
+                 state_template: Any, capacity: int = 64, device: torch.device | str = "cpu"):
         """`fields`: every per-step field to record (none: keep states only, as eval does);
         `action_fields`: the actions, kept as the previous action too; `state_template`: one
-        env's agent state, [1, ...] leaves."""
+        env's agent state, [1, ...] leaves; `device`: where the tensors live (the model's)."""
         self.steps_per_unroll = unroll_length + 1
+        self.device = torch.device(device)
         self._fields = dict(fields)
         self._action_fields = dict(action_fields)
         self._state_template = state_template
@@ -52,7 +59,7 @@ class EnvStateStore:
         self._free: list[int] = []
         self._buffers: dict[str, torch.Tensor] = {}
         self._prev_action: dict[str, torch.Tensor] = {}
-        self._state = pytree.tree_map(lambda x: x[:0], state_template)
+        self._state = pytree.tree_map(lambda x: x[:0].to(self.device), state_template)
         self._unroll_state = self._state
         self._length = np.zeros(0, np.int64)  # steps in the partial unroll
         self._unrolls = np.zeros(0, np.int64)  # unrolls emitted in the slot's current run
@@ -79,14 +86,15 @@ class EnvStateStore:
             self._reset(slots)
             self._free.extend(slots.tolist())
 
-    def lookup(self, slots: np.ndarray, run_ids: np.ndarray) -> tuple[torch.Tensor, Any, dict[str, torch.Tensor]]:
+    def lookup(self, slots: np.ndarray, run_ids: np.ndarray) -> tuple[np.ndarray, Any, dict[str, torch.Tensor]]:
         """Before inference, without changing anything: the `first` flags (a new run, or the
-        last step ended an episode), the agent state and the previous actions of `slots`."""
+        last step ended an episode; on the host), the agent state and the previous actions
+        of `slots` (on the device)."""
         with self.lock:
-            first = torch.from_numpy((self._run_id[slots] != run_ids) | self._ended[slots])
-            index = torch.from_numpy(slots)
+            first = (self._run_id[slots] != run_ids) | self._ended[slots]
+            index, first_mask = self._on_device(slots), self._on_device(first)
             state = pytree.tree_map(lambda s: s[index], self._state)
-            prev_action = {k: torch.where(expand_mask(first, v[index]), 0, v[index])
+            prev_action = {k: torch.where(expand_mask(first_mask, v[index]), 0, v[index])
                            for k, v in self._prev_action.items()}
             return first, state, prev_action
 
@@ -104,7 +112,7 @@ class EnvStateStore:
                 self._length[restarted] = 0
                 self._unrolls[restarted] = 0
                 self._run_id[restarted] = run_ids[new_run]
-            index = torch.from_numpy(slots)
+            index = self._on_device(slots)
             completed = [] if step is None else self._record(slots, index, step, state_before)
             self._write_state(self._state, index, state_after, None)
             for name, previous in self._prev_action.items():  # the actors' actions, not learner-side fields
@@ -116,10 +124,11 @@ class EnvStateStore:
                 state_before: Any) -> list[Unroll]:
         """Appends the step to each slot's partial unroll and emits the full ones, keeping
         their last step as step 0 of the next (the overlap)."""
-        starting = torch.from_numpy(self._length[slots] == 0)
+        starting = self._length[slots] == 0
         if starting.any():
-            self._write_state(self._unroll_state, index[starting], state_before, starting)
-        position = torch.from_numpy(self._length[slots])
+            starting_mask = self._on_device(starting)
+            self._write_state(self._unroll_state, index[starting_mask], state_before, starting_mask)
+        position = self._on_device(self._length[slots])
         for name, value in step.items():
             self._buffers[name][index, position] = value
         self._length[slots] += 1
@@ -127,11 +136,11 @@ class EnvStateStore:
         full = self._length[slots] == self.steps_per_unroll
         if not full.any():
             return []
-        full_t = torch.from_numpy(full)
+        full_t = self._on_device(full)
         done = index[full_t]
         done_slots = slots[full]
-        fields = {k: buf[done].clone() for k, buf in self._buffers.items()}
-        initial = pytree.tree_map(lambda s: s[done].clone(), self._unroll_state)
+        fields = {k: buf[done] for k, buf in self._buffers.items()}  # indexing copies: the unrolls own these
+        initial = pytree.tree_map(lambda s: s[done], self._unroll_state)
         completed = [
             Unroll(slot=int(slot), run_id=int(self._run_id[slot]), index=int(self._unrolls[slot]),
                    steps={k: v[i] for k, v in fields.items()},
@@ -144,6 +153,10 @@ class EnvStateStore:
         self._length[done_slots] = 1
         self._unrolls[done_slots] += 1
         return completed
+
+    def _on_device(self, array: np.ndarray) -> torch.Tensor:
+        # Small index arrays: a non-blocking copy from pageable memory waits for no kernel.
+        return torch.from_numpy(array).to(self.device, non_blocking=True)
 
     def _write_state(self, target: Any, index: torch.Tensor, source: Any, mask: torch.Tensor | None) -> None:
         for dst, src in zip(pytree.tree_leaves(target), pytree.tree_leaves(source)):
@@ -159,8 +172,8 @@ class EnvStateStore:
         extra = capacity - self._capacity
 
         def grown(old: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-            old = torch.zeros((0, *shape), dtype=dtype) if old is None else old
-            return torch.cat([old, torch.zeros((extra, *shape), dtype=dtype)], dim=0)
+            old = torch.zeros((0, *shape), dtype=dtype, device=self.device) if old is None else old
+            return torch.cat([old, torch.zeros((extra, *shape), dtype=dtype, device=self.device)], dim=0)
 
         steps = self.steps_per_unroll
         self._buffers = {k: grown(self._buffers.get(k), (steps, *shape), dtype)
@@ -207,12 +220,12 @@ def build_state_store(problem: Problem, agent: torch.nn.Module, unroll_length: i
         raise ValueError(f"problem {type(problem).__name__}: the agent failed on an observation of the env's "
                          f"spaces ({', '.join(s.describe() for s in problem.observation_specs())}); do the "
                          f"agent's sizes match the env's observations and actions? {type(e).__name__}: {e}") from e
-    state_template = pytree.tree_map(lambda x: x.cpu(), state)
+    state_template = pytree.tree_map(lambda x: x.detach(), state)
     if not record:
-        return EnvStateStore(unroll_length, {}, action_fields, state_template)
+        return EnvStateStore(unroll_length, {}, action_fields, state_template, device=device)
     step_fields = {OBSERVATION + k: v for k, v in obs_fields.items()}
     step_fields.update({ACTION + k: v for k, v in {**action_fields, **fields(problem.learner_action_specs())}.items()})
     step_fields.update({EXTRA + k: v for k, v in extra_fields.items()})
     step_fields.update({k: (dtype, ()) for k, dtype in STEP_FIELDS.items()})
     step_fields["behaviour_log_prob"] = (torch.float32, tuple(log_prob.shape[1:]))
-    return EnvStateStore(unroll_length, step_fields, action_fields, state_template)
+    return EnvStateStore(unroll_length, step_fields, action_fields, state_template, device=device)

@@ -17,7 +17,7 @@ import torch
 from fleetrl.agents.base import Agent
 from fleetrl.learner.device_transfer import DeviceTransfer
 from fleetrl.learner.env_state_store import EnvStateStore
-from fleetrl.learner.inference import StepRequest, split_rows
+from fleetrl.learner.inference import BatchedSteps, StepRequest, joined_ids, split_rows
 from fleetrl.problems.base import Problem
 
 
@@ -45,22 +45,20 @@ class EvalInference:
             groups.setdefault(id(request.agent), []).append(i)
         for members in groups.values():
             steps = [requests[i].step for i in members]
-            actions = self._act(requests[members[0]].agent, StepRequest.concatenate(steps))
+            actions = self._act(requests[members[0]].agent, steps)
             for i, reply in zip(members, split_rows(actions, steps)):
                 replies[i] = reply
         return replies
 
-    def _act(self, agent: Agent, step: StepRequest) -> dict[str, np.ndarray]:
-        first, state, prev_action = self.store.lookup(step.slots, step.run_ids)
-        obs = {k: torch.from_numpy(v) for k, v in step.observation.items()}
-        obs.update({f"prev_action/{k}": v for k, v in prev_action.items()})
+    def _act(self, agent: Agent, requests: Sequence[StepRequest]) -> dict[str, np.ndarray]:
+        first, state, prev_action = self.store.lookup(*joined_ids(requests))
+        step = BatchedSteps.of(requests, first, self.transfer)
+        obs = {**step.observation, **{f"prev_action/{k}": v for k, v in prev_action.items()}}
         with torch.inference_mode():
-            device_obs, device_first, device_state = self.transfer.to_device((obs, first, state))
-            out, new_state = agent.step(device_obs, device_first, device_state)
+            out, new_state = agent.step(obs, step.rows["first"], state)
             # The policy's own action: eval never executes an oracle's, whatever the extras say.
-            actions = self.problem.select_actor_action(out, device_obs, {}, deterministic=True)
-            actions, new_state = self.transfer.to_host((actions, new_state))
-        self.store.end_step(step.slots, step.run_ids, None, state, new_state, actions,
-                            step.terminated | step.truncated)
+            actions = self.problem.select_actor_action(out, obs, {}, deterministic=True)
+            sent = self.transfer.to_host({name: actions[name] for name in self.sent})
+        self.store.end_step(step.slots, step.run_ids, None, state, new_state, actions, step.ended)
         self.env_steps += int((~first).sum())
-        return {name: actions[name].numpy() for name in self.sent}
+        return {name: value.numpy() for name, value in sent.items()}

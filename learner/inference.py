@@ -6,8 +6,10 @@ on (to the algorithm's unroll hook, then the trainer's queue, which blocks when 
 backpressure). Nothing is written before the forward pass has succeeded, so a batch that
 fails can be retried request by request (see `inference_batcher`).
 
-The forward pass runs under `torch.inference_mode`, and the batch crosses to the model's
-device and back through `device_transfer` (one pinned copy each way on a GPU).
+The forward pass runs under `torch.inference_mode`. The batch crosses to the model's device
+once (`device_transfer`: on a GPU, written straight from the messages into one pinned buffer
+and sent in one copy); the state store and the unrolls live there too, so only the actions
+sent back cross to the host.
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ from fleetrl.problems.base import Problem
 
 @dataclasses.dataclass
 class StepRequest:
-    """One actor's step, decoded and validated by the server. Arrays are [n, ...]."""
+    """One actor's step, decoded and validated by the server. Arrays are [n, ...], and may
+    be read-only views of the message's bytes."""
 
     slots: np.ndarray
     run_ids: np.ndarray
@@ -41,21 +44,45 @@ class StepRequest:
     def __len__(self) -> int:
         return len(self.slots)
 
+
+@dataclasses.dataclass
+class BatchedSteps:
+    """Many requests' steps as one batch: the small per-env arrays joined on the host, and
+    the rows the model and the store read (observations, extras, the step's rewards and
+    flags) on the device, each written once into the staging buffer and sent in one copy."""
+
+    slots: np.ndarray
+    run_ids: np.ndarray
+    first: np.ndarray
+    ended: np.ndarray
+    observation: dict[str, torch.Tensor]
+    extras: dict[str, torch.Tensor]
+    rows: dict[str, torch.Tensor]  # first, reward, terminated, truncated
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
     @staticmethod
-    def concatenate(requests: Sequence[StepRequest]) -> StepRequest:
-        """One request of all their rows, in order; a copy, so that tensors may share its
-        memory (decoded messages are read-only)."""
+    def of(requests: Sequence[StepRequest], first: np.ndarray, transfer: DeviceTransfer) -> BatchedSteps:
+        """`first`: the joined requests' first flags (`EnvStateStore.lookup`), which travel with them."""
+        slots, run_ids = joined_ids(requests)
+        terminated = np.concatenate([r.terminated for r in requests])
+        truncated = np.concatenate([r.truncated for r in requests])
+        blocks = {OBSERVATION + k: [r.observation[k] for r in requests] for k in requests[0].observation}
+        blocks.update({EXTRA + k: [r.extras[k] for r in requests] for k in requests[0].extras})
+        blocks.update(first=[first], reward=[r.reward for r in requests], terminated=[terminated],
+                      truncated=[truncated])
+        moved = transfer.rows_to_device(blocks)
+        return BatchedSteps(
+            slots=slots, run_ids=run_ids, first=first, ended=terminated | truncated,
+            observation={k[len(OBSERVATION):]: v for k, v in moved.items() if k.startswith(OBSERVATION)},
+            extras={k[len(EXTRA):]: v for k, v in moved.items() if k.startswith(EXTRA)},
+            rows={k: moved[k] for k in ("first", "reward", "terminated", "truncated")})
 
-        def cat(get) -> np.ndarray:
-            return np.concatenate([get(r) for r in requests])
 
-        first = requests[0]
-        return StepRequest(
-            slots=cat(lambda r: r.slots), run_ids=cat(lambda r: r.run_ids),
-            observation={k: cat(lambda r: r.observation[k]) for k in first.observation},
-            extras={k: cat(lambda r: r.extras[k]) for k in first.extras},
-            reward=cat(lambda r: r.reward), terminated=cat(lambda r: r.terminated),
-            truncated=cat(lambda r: r.truncated))
+def joined_ids(requests: Sequence[StepRequest]) -> tuple[np.ndarray, np.ndarray]:
+    """The requests' env slots and run ids, in request order."""
+    return np.concatenate([r.slots for r in requests]), np.concatenate([r.run_ids for r in requests])
 
 
 def split_rows(arrays: dict[str, np.ndarray], requests: Sequence[StepRequest]) -> list[dict[str, np.ndarray]]:
@@ -89,39 +116,29 @@ class InferenceStep:
         self.batch_envs = 0
 
     def __call__(self, requests: Sequence[StepRequest]) -> list[dict[str, np.ndarray]]:
-        step = StepRequest.concatenate(requests)
-        first, state, prev_action = self.store.lookup(step.slots, step.run_ids)
-        obs = {k: torch.from_numpy(v) for k, v in step.observation.items()}
-        obs.update({f"prev_action/{k}": v for k, v in prev_action.items()})
-        extras = {k: torch.from_numpy(v) for k, v in step.extras.items()}
+        first, state, prev_action = self.store.lookup(*joined_ids(requests))
+        step = BatchedSteps.of(requests, first, self.transfer)
+        obs = {**step.observation, **{f"prev_action/{k}": v for k, v in prev_action.items()}}
         with self.policy.lock, torch.inference_mode():
             version = self.policy.version
-            device_obs, device_first, device_state, device_extras = self.transfer.to_device(
-                (obs, first, state, extras))
-            out, new_state = self.problem.agent_step(self.agent, device_obs, device_first, device_state, device_extras)
-            actions = self.problem.select_actor_action(out, device_obs, device_extras)
+            out, new_state = self.problem.agent_step(self.agent, obs, step.rows["first"], state, step.extras)
+            actions = self.problem.select_actor_action(out, obs, step.extras)
             log_prob = self.problem.action_log_prob(out, actions)
             value = out["baseline"] if "baseline" in out else torch.zeros(len(step), device=log_prob.device)
-            actions, log_prob, value, new_state = self.transfer.to_host((actions, log_prob, value, new_state))
+        # The one wait for the device. Out of the lock: an optimizer step enqueued meanwhile runs
+        # after this forward pass on the device's stream.
+        sent = self.transfer.to_host({k: actions[k] for k in self.sent})
 
         record = {OBSERVATION + k: v for k, v in obs.items()}
         record.update({ACTION + k: v for k, v in actions.items()})
-        record.update({EXTRA + k: v for k, v in extras.items()})
-        record.update(
-            first=first,
-            reward=torch.from_numpy(step.reward),
-            terminated=torch.from_numpy(step.terminated),
-            truncated=torch.from_numpy(step.truncated),
-            behaviour_log_prob=log_prob,
-            behaviour_value=value,
-            policy_version=torch.full((len(step),), version, dtype=torch.int64),
-        )
-        ended = step.terminated | step.truncated
-        for unroll in self.store.end_step(step.slots, step.run_ids, record, state, new_state, actions, ended):
+        record.update({EXTRA + k: v for k, v in step.extras.items()})
+        record.update(step.rows, behaviour_log_prob=log_prob, behaviour_value=value,
+                      policy_version=torch.full((len(step),), version, dtype=torch.int64, device=log_prob.device))
+        for unroll in self.store.end_step(step.slots, step.run_ids, record, state, new_state, actions, step.ended):
             if not self.emit_unroll(unroll):
                 break
 
         self.env_steps += int((~first).sum())
         self.batches += 1
         self.batch_envs += len(step)
-        return split_rows({k: actions[k].numpy() for k in self.sent}, requests)
+        return split_rows({k: v.numpy() for k, v in sent.items()}, requests)

@@ -38,7 +38,8 @@ class GroupAdvantages(UnrollHook):
         self._return: dict[int, float] = {}
         self._scores: dict[tuple[int, int], dict[int, float]] = {}  # (group, episode) -> {slot: score}
         self._advantages: dict[tuple[int, int], float] = {}  # (slot, episode) -> advantage
-        self._waiting: list[tuple[Unroll, np.ndarray]] = []  # with each step's episode index
+        # With each step's episode index, and the episodes whose advantages it waits for.
+        self._waiting: list[tuple[Unroll, np.ndarray, set[int]]] = []
         self._oldest: dict[int, int] = {}  # slot -> oldest episode whose advantage may still be needed
         self.dropped_unrolls = 0
 
@@ -57,7 +58,7 @@ class GroupAdvantages(UnrollHook):
     def actor_left(self, slots: np.ndarray) -> None:
         gone = set(slots.tolist())
         with self._lock:
-            kept = [(u, e) for u, e in self._waiting if u.slot not in gone]
+            kept = [w for w in self._waiting if w[0].slot not in gone]
             self.dropped_unrolls += len(self._waiting) - len(kept)
             self._waiting = kept
             groups = {self._group_of.pop(s) for s in gone if s in self._group_of}
@@ -73,22 +74,25 @@ class GroupAdvantages(UnrollHook):
             if unroll.slot not in self._group_of:  # its actor has left
                 self.dropped_unrolls += 1
                 return []
-            episodes, scored = self._account(unroll)
-            self._waiting.append((unroll, episodes))
+            episodes, needed, scored = self._account(unroll)
+            self._waiting.append((unroll, episodes, needed))
             candidates = self._waiting if scored else self._waiting[-1:]  # only a new score frees older ones
-            ready = [u for u, e in candidates if self._attach(u, e)]
+            ready = [u for u, e, n in candidates if self._attach(u, e, n)]
             if ready:
                 released = {id(u) for u in ready}
-                self._waiting = [(u, e) for u, e in self._waiting if id(u) not in released]
+                self._waiting = [w for w in self._waiting if id(w[0]) not in released]
             return ready
 
-    def _account(self, unroll: Unroll) -> tuple[np.ndarray, bool]:
-        """Each step's episode index, scoring the episodes that end in the unroll. Step 0 of
-        a later unroll is the last step of the one before, already counted."""
+    def _account(self, unroll: Unroll) -> tuple[np.ndarray, set[int], bool]:
+        """Each step's episode index, scoring the episodes that end in the unroll, and the
+        episodes its transitions need advantages of. Step 0 of a later unroll is the last
+        step of the one before, already counted."""
         slot = unroll.slot
-        first = unroll.steps["first"].numpy()
-        reward = unroll.steps["reward"].numpy()
-        ended = (unroll.steps["terminated"] | unroll.steps["truncated"]).numpy()
+        steps = unroll.steps
+        ended = steps["terminated"] | steps["truncated"]
+        # One copy to the host for the three (the unroll may live on the learner's GPU).
+        first, reward, ended = torch.stack([steps["first"].float(), steps["reward"], ended.float()]).cpu().numpy()
+        first, ended = first.astype(bool), ended.astype(bool)
         episode, total = self._episode[slot], self._return[slot]
         episodes = np.full(len(first), episode, np.int64)
         scored = False
@@ -98,7 +102,8 @@ class GroupAdvantages(UnrollHook):
             if ended[t]:
                 scored |= self._score(slot, episode, total)
         self._episode[slot], self._return[slot] = episode, total
-        return episodes, scored
+        needed = set(episodes[:-1][~ended[:-1]].tolist())  # steps 0..T-1 that start a transition
+        return episodes, needed, scored
 
     def _score(self, slot: int, episode: int, score: float) -> bool:
         """Records a member's score; True when that completed its group's episode."""
@@ -114,15 +119,14 @@ class GroupAdvantages(UnrollHook):
         del self._scores[key]
         return True
 
-    def _attach(self, unroll: Unroll, episodes: np.ndarray) -> bool:
+    def _attach(self, unroll: Unroll, episodes: np.ndarray, needed: set[int]) -> bool:
         """Adds the unroll's advantages if every transition's episode is scored."""
         slot = unroll.slot
-        ended = (unroll.steps["terminated"] | unroll.steps["truncated"]).numpy()
-        needed = set(episodes[:-1][~ended[:-1]].tolist())  # steps 0..T-1 that start a transition
         if any((slot, k) not in self._advantages for k in needed):
             return False
         advantages = [self._advantages.get((slot, k), 0.0) for k in episodes.tolist()]
-        unroll.add_extra(GROUP_ADVANTAGE, torch.tensor(advantages, dtype=torch.float32))
+        device = unroll.steps["reward"].device
+        unroll.add_extra(GROUP_ADVANTAGE, torch.tensor(advantages, dtype=torch.float32, device=device))
         oldest = int(episodes.min())
         for k in range(self._oldest.get(slot, 0), oldest):  # in no later unroll of this slot
             self._advantages.pop((slot, k), None)

@@ -27,6 +27,23 @@ def test_a_tree_of_mixed_dtypes_and_odd_sizes_comes_back_as_it_went():
                 assert a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
 
 
+def test_row_blocks_arrive_joined_on_both_paths_and_the_staging_buffer_is_reused():
+    rng = np.random.default_rng(0)
+    blocks = {"image": [rng.integers(0, 256, (n, 5, 7, 3), dtype=np.uint8) for n in (2, 1, 3)],
+              "state": [rng.normal(size=(n, 3)).astype(np.float32) for n in (2, 1, 3)],
+              "first": [np.array([True, False, True, False, False, True])],
+              "none": [np.zeros((0, 4), np.float64)]}
+    staged, plain = DeviceTransfer(torch.device("cpu"), "staged"), DeviceTransfer(torch.device("cpu"), "plain")
+    buffers = []
+    for _ in range(2):
+        moved = staged.rows_to_device(blocks)
+        buffers.append(staged._host_buffer.data_ptr())
+        for name, expected in plain.rows_to_device(blocks).items():
+            assert torch.equal(moved[name], expected) and moved[name].dtype == expected.dtype, name
+            assert torch.equal(expected, torch.from_numpy(np.concatenate(blocks[name]))), name
+    assert buffers[0] == buffers[1]
+
+
 def test_an_unknown_transfer_is_refused_by_name():
     with pytest.raises(ValueError, match="unknown inference transfer 'pinned'"):
         DeviceTransfer(torch.device("cpu"), "pinned")
