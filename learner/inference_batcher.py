@@ -144,7 +144,7 @@ class InferenceBatcher(Generic[Request]):
         try:
             outcomes = done.result()
         except futures.CancelledError:
-            outcomes = [BatcherStopped("the learner is shutting down")] * len(batch)
+            outcomes = [_Failed(BatcherStopped("the learner is shutting down"))] * len(batch)
         for (_, future, _), outcome in zip(batch, outcomes):
             if future.done():  # its stream went away
                 continue

@@ -145,6 +145,29 @@ def test_stopping_fails_waiting_requests(loop):
         batcher.submit(3).result(timeout=1)
 
 
+def test_a_cancelled_batch_fails_its_requests_with_batcher_stopped(loop):
+    """A batch whose thread future was cancelled (the thread shut down before it ran) hands
+    each request BatcherStopped as its error, which streams report as the learner's
+    shutdown (handed over as a result, it failed the stream with UNKNOWN: a learner bug to
+    the actor)."""
+    import concurrent.futures
+
+    batcher = Batcher(loop, Recorder(), size_of=lambda r: 1, max_batch_size=1, timeout_s=60.0)
+    cancelled = concurrent.futures.Future()
+    cancelled.cancel()
+
+    async def answer_cancelled():
+        future = loop.create_future()
+        batcher._answer([(1, future, 1)], cancelled)
+        return await future
+
+    try:
+        with pytest.raises(BatcherStopped):
+            asyncio.run_coroutine_threadsafe(answer_cancelled(), loop).result(timeout=30)
+    finally:
+        batcher.stop()
+
+
 def test_the_connected_envs_are_read_at_each_batch(loop):
     """A batch that holds every connected env flushes at once, far below its size limit and
     its 60 s timeout; the count changes as actors come and go, and each batch reads it anew."""
