@@ -39,7 +39,7 @@ def test_every_documented_hparams_example_applies_to_its_problem(repo_root):
     checked = 0
     for name, example in examples(repo_root):
         hparams = re.search(r"--hparams=('[^']*'|\"[^\"]*\"|\S+)", example).group(1).strip("'\"")
-        problem = re.search(r"--problem=(\S+)", example)
+        problem = re.search(r"--problems?=([^\s,]+)", example)  # the benches take a list
         problem = problem.group(1) if problem else PAGE_PROBLEMS.get(name, "cartpole")
         if ":" in problem:  # a user's own Problem, defined in the docs' text
             continue
