@@ -34,6 +34,9 @@ def server_options(transport_limit_bytes: int, handshake_timeout_s: float = 10.0
         # Actors ping every 30 s; allow it without calling that abuse.
         ("grpc.http2.min_recv_ping_interval_without_data_ms", 10_000),
         ("grpc.http2.max_pings_without_data", 0),
+        # gRPC's default SO_REUSEPORT would let a second learner bind a live one's port and
+        # take half the fleet; without it the second fails at start with "address in use".
+        ("grpc.so_reuseport", 0),
     ]
 
 

@@ -60,6 +60,15 @@ def test_a_learner_port_in_use(tmp_path, busy_port):
     check(code, output, f"cannot serve on --bind=127.0.0.1:{busy_port}: the port is in use", "port 0 for any free")
 
 
+def test_a_second_learner_on_a_live_learners_port_fails_at_start(tmp_path, serve):
+    """gRPC sets SO_REUSEPORT by default: a second learner on a live one's --bind would
+    start and take half the fleet. It must fail at start instead, naming the port."""
+    address = serve().address
+    code, output = run("fleetrl.launch.learner", f"--bind={address}", f"--logdir={tmp_path / 'second'}",
+                       cwd=tmp_path)
+    check(code, output, f"cannot serve on --bind={address}: the port is in use")
+
+
 def test_an_unknown_hparam_suggests_the_known_one(tmp_path):
     code, output = run("fleetrl.launch.learner", "--hparams=learning_rat=1e-3", f"--logdir={tmp_path}",
                        "--bind=127.0.0.1:0", cwd=tmp_path)
