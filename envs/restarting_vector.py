@@ -28,7 +28,7 @@ import gymnasium as gym
 import numpy as np
 from gymnasium.vector.utils import batch_space, concatenate, create_empty_array, iterate
 
-from fleetrl.envs.space_check import EnvSpaceError
+from fleetrl.envs.space_check import EnvSpaceError, step_observation_error
 
 log = logging.getLogger(__name__)
 
@@ -195,8 +195,15 @@ class RestartingVectorEnv(gym.vector.VectorEnv):
         return result
 
     def _batch_obs(self, observations: list[Any]) -> Any:
-        return concatenate(self.single_observation_space, observations,
-                           create_empty_array(self.single_observation_space, self.num_envs))
+        try:
+            return concatenate(self.single_observation_space, observations,
+                               create_empty_array(self.single_observation_space, self.num_envs))
+        except ValueError as e:  # numpy's "wrong shape": say which env and key, as a reset's check does
+            error = step_observation_error(self.single_observation_space, observations,
+                                           [f"process {w.process.name}" for w in self._workers])
+            if error is None:
+                raise
+            raise error from e
 
     def _batch_info(self, infos: list[dict]) -> dict[str, Any]:
         batched: dict[str, Any] = {}

@@ -11,7 +11,9 @@ and harmless. A mismatch raises `EnvSpaceError`, one line naming the Problem, th
 class, the key, and the expected and received shape and dtype.
 
 Only resets are checked: once an episode, so the check costs nothing per step
-(`bench/space_check.py` measures it). An action the env rejects (its `step` raises) is
+(`bench/space_check.py` measures it). A step's observation is checked only where the vector
+env fails to batch it (`step_observation_error`): the same error, naming the env, the key and
+both shapes, in place of numpy's "Output array is the wrong shape". An action the env rejects (its `step` raises) is
 re-raised as an `EnvSpaceError` that names the action's shape and dtype beside the space,
 when the action is not in it; an env's own error on an action of its space is left as it is
 (its traceback, and a debugger's post mortem, stay in the env).
@@ -56,6 +58,17 @@ class SpaceCheck(gym.Wrapper):
             raise EnvSpaceError(f"problem {self._problem}: {type(self.env.unwrapped).__name__}.step rejected the "
                                 f"action ({got}), which is not in its action_space {self.env.action_space}: "
                                 f"{type(e).__name__}: {e}") from e
+
+
+def step_observation_error(space: gym.Space, observations: list[Any], env_names: list[str]) -> EnvSpaceError | None:
+    """Why a step's observations (one per env) could not be batched, as the error a reset
+    gets; None when each fits `space` (the failure was something else)."""
+    for index, (obs, name) in enumerate(zip(observations, env_names)):
+        mismatch = observation_mismatch(space, obs)
+        if mismatch:
+            return EnvSpaceError(f"env {index} ({name}): its step returned an observation that does not fit its "
+                                 f"observation_space: {mismatch}")
+    return None
 
 
 def observation_mismatch(space: gym.Space, obs: Any, key: str = "observation") -> str | None:

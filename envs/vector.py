@@ -24,6 +24,7 @@ import gymnasium as gym
 import numpy as np
 
 from fleetrl.envs.restarting_vector import RestartingVectorEnv
+from fleetrl.envs.space_check import step_observation_error
 
 
 class GroupResetSeeds(gym.Wrapper):
@@ -74,4 +75,19 @@ def make_vector_env(make_env: Callable[[], gym.Env], num_envs: int, asynchronous
         # spawn, not fork: the actor already holds a gRPC channel and torch threads, which
         # a forked child must not inherit.
         return gym.vector.AsyncVectorEnv(fns, autoreset_mode=mode, context="spawn")
-    return gym.vector.SyncVectorEnv(fns, autoreset_mode=mode)
+    return SpaceCheckedSyncVectorEnv(fns, autoreset_mode=mode)
+
+
+class SpaceCheckedSyncVectorEnv(gym.vector.SyncVectorEnv):
+    """gymnasium's SyncVectorEnv, whose failure to batch a step's observations names the
+    env, the key and both shapes (numpy's own error names none of them)."""
+
+    def step(self, actions):
+        try:
+            return super().step(actions)
+        except ValueError as e:
+            error = step_observation_error(self.single_observation_space, self._env_obs,
+                                           [type(env.unwrapped).__name__ for env in self.envs])
+            if error is None:  # the observations fit: the env's own error
+                raise
+            raise error from e

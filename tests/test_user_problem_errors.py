@@ -203,3 +203,31 @@ def test_a_flow_vla_problem_without_a_corpus_is_told_what_to_write(point_line):
     with pytest.raises(NotImplementedError, match=r"Broken has no corpus\(\): model_path=tiny trains its tokenizer "
                                                   r"on it\. Define corpus\(self\) -> list\[str\]"):
         problem.make_agent()
+
+
+# ----- a step's observation of the wrong shape (the reset's is right) -----
+
+class WrongStepEnv(gym.Env):
+    observation_space = gym.spaces.Dict({"state": gym.spaces.Box(-1, 1, (1,), np.float32)})
+    action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        return {"state": np.zeros(1, np.float32)}, {}
+
+    def step(self, action):
+        return {"state": np.zeros(3, np.float32)}, 0.0, False, False, {}
+
+
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["in_process", "env_processes"])
+def test_a_step_observation_of_the_wrong_shape_names_the_env_the_key_and_both_shapes(asynchronous):
+    from fleetrl.envs.vector import make_vector_env
+
+    envs = make_vector_env(WrongStepEnv, 2, asynchronous=asynchronous)
+    try:
+        envs.reset(seed=0)
+        with pytest.raises(EnvSpaceError, match=r"^env 0 \(.+\): its step returned an observation that does not "
+                                                r"fit its observation_space: observation\['state'\] has shape "
+                                                r"\(3,\) and dtype float32; the space says shape \(1,\)"):
+            envs.step(np.zeros(2, np.int64))
+    finally:
+        envs.close()
