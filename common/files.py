@@ -8,6 +8,7 @@ its folder, so the rename survives a power cut: worth it for checkpoints, not fo
 from __future__ import annotations
 
 import json
+import math
 import os
 import threading
 from collections.abc import Callable
@@ -42,4 +43,21 @@ def atomic_write_text(path: str, text: str, durable: bool = False) -> None:
 
 
 def atomic_write_json(path: str, data: Any, durable: bool = False, **dump_options: Any) -> None:
-    atomic_write_text(path, json.dumps(data, **dump_options), durable)
+    atomic_write_text(path, strict_json(data, **dump_options), durable)
+
+
+def strict_json(data: Any, **dump_options: Any) -> str:
+    """`data` as JSON that strict parsers read: a NaN or infinite float is written as null
+    (Python's json writes a bare NaN, which is not JSON)."""
+    return json.dumps(finite_or_none(data), allow_nan=False, **dump_options)
+
+
+def finite_or_none(data: Any) -> Any:
+    """`data` with each NaN or infinite float, at any depth of dicts, lists and tuples, as None."""
+    if isinstance(data, float):
+        return data if math.isfinite(data) else None
+    if isinstance(data, dict):
+        return {k: finite_or_none(v) for k, v in data.items()}
+    if isinstance(data, list | tuple):
+        return [finite_or_none(v) for v in data]
+    return data

@@ -13,8 +13,6 @@ unless given.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 from collections.abc import Callable
 
@@ -25,6 +23,7 @@ from torch.utils.tensorboard import SummaryWriter
 
 from fleetrl.actor.eval_episodes import EvalEpisodes
 from fleetrl.common.extras import MissingExtra
+from fleetrl.common.files import atomic_write_json
 from fleetrl.launch.configs import EvaluateConfig
 from fleetrl.launch.episode_recorder import EpisodeRecorder
 from fleetrl.launch.flags import define_flags, from_flags, run_main
@@ -128,8 +127,7 @@ def main(argv: list[str]) -> int:
     report = {"problem": name, "hparams": policy.hparams, "checkpoint": os.path.abspath(path) if path else None,
               "policy_version": checkpoint["policy_version"], "episodes": episodes,
               "metrics": {n: float(np.mean(v)) for n, v in table.items()}, "per_episode": per_episode}
-    with open(os.path.join(output, "metrics.json"), "w") as f:
-        json.dump(report, f, indent=2, default=lambda x: None if isinstance(x, float) and math.isnan(x) else x)
+    atomic_write_json(os.path.join(output, "metrics.json"), report, indent=2)  # a NaN mean is null
     for path in problem.write_eval_records(records, output):
         print(f"wrote {path}")
     if recorder is not None:

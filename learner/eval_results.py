@@ -14,7 +14,6 @@ round's policy version in the file names: R2R's results_{split}_{policy_version}
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import threading
@@ -23,6 +22,7 @@ from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
+from fleetrl.common.files import strict_json
 from fleetrl.learner.eval_rounds import EvalResult
 from fleetrl.learner.run_state import RunState
 from fleetrl.learner.summaries import close_writer
@@ -83,7 +83,7 @@ class EvalResults:
                         writer.add_image(f"eval/{tag}", image, global_step=result.policy_version, dataformats="HWC")
                     writer.flush()
                 with open(os.path.join(self._logdir, "eval.jsonl"), "a") as f:
-                    f.write(json.dumps(record) + "\n")
+                    f.write(strict_json(record) + "\n")
             except OSError as e:  # a full disk: the round is lost to the files, not to best.pt or the run
                 self.failed_writes += 1
                 log.error("eval round %d not written to TensorBoard or eval.jsonl: %s. Training goes on; the next "

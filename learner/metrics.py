@@ -79,6 +79,23 @@ class EpisodeWindow:
         with self._lock:
             return len(self._episodes)
 
+    def count(self, metric: str) -> int:
+        """How many of the window's episodes report `metric` (what `mean` averages)."""
+        with self._lock:
+            return sum(metric in e for e in self._episodes)
+
+    def recent(self) -> list[dict[str, float]]:
+        """The window's episodes, oldest first: what a checkpoint keeps of it."""
+        with self._lock:
+            return [dict(e) for e in self._episodes]
+
+    def restore(self, episodes: Iterable[Mapping[str, float]], total: int) -> None:
+        """A resumed run's window and count, as `recent` and `total` were when it was saved."""
+        with self._lock:
+            self._episodes.clear()
+            self._episodes.extend(dict(e) for e in episodes)
+            self.total = total
+
 
 class RateMeter:
     def __init__(self, window_s: float = 10.0):

@@ -68,6 +68,11 @@ class RankSync:
         fleet = self.counts().mean_return
         return self._episodes.mean("return") if math.isnan(fleet) else fleet
 
+    def shown_return_count(self) -> int:
+        """How many episodes `shown_return` averages."""
+        fleet = self.counts().mean_return
+        return self._episodes.count("return") if math.isnan(fleet) else self._window * self.world_size
+
     def _local_mean_return(self) -> float:
         return self._episodes.mean("return") if len(self._episodes) >= self._window else math.nan
 

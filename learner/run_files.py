@@ -19,7 +19,8 @@ class RunSummary:
     reason: str
     env_steps: int
     episodes: int
-    mean_episode_return: float  # over the last `return_window` train episodes
+    mean_episode_return: float | None  # over the last `return_window` train episodes; None with none
+    returns_in_window: int  # the episodes that mean is over (0: no episode yet, and the mean is null)
     return_window: int
     trainer_steps: int
     wall_s: float

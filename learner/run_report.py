@@ -67,7 +67,8 @@ def run_summary(run: ReportedRun) -> RunSummary:
     counts, reason = run.fleet.counts(), run.finished_reason()
     return RunSummary(
         reason=reason, env_steps=counts.env_steps, episodes=counts.episodes,
-        mean_episode_return=run.fleet.shown_return(), return_window=run.config.return_window,
+        mean_episode_return=run.fleet.shown_return(), returns_in_window=run.fleet.shown_return_count(),
+        return_window=run.config.return_window,
         trainer_steps=run.policy.version, wall_s=run.uptime_s(),
         target_reached=reason.startswith("target reached") if run.stop_conditions.has_target else None,
     )

@@ -85,6 +85,8 @@ class RunState:
             # The count before the ledger: a step taken in between is then in the ledger and not in
             # the count, so after a resume its resend is lost, never counted twice.
             "episodes": self.fleet.counts().episodes,
+            # The recent-return window, so that a resumed run reports (and stops on) the mean it had.
+            "return_window": self.episodes.recent(),
             "step_ledger": step_ledger if step_ledger is not None else self.step_ledger.state(),
             "learner_ranks": self.fleet.world_size,
             "eval_rounds": self.eval_rounds.completed, "best": self.best,
@@ -184,7 +186,7 @@ class RunState:
             self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.policy.version = checkpoint["policy_version"]
         self.inference.env_steps = checkpoint["env_steps"]
-        self.episodes.total = checkpoint["episodes"]
+        self.episodes.restore(checkpoint.get("return_window", []), checkpoint["episodes"])  # absent before 12-07
         self.step_ledger.restore(checkpoint.get("step_ledger", []))  # absent from checkpoints before it
         self.eval_rounds.resume(checkpoint["eval_rounds"])
         self.best = checkpoint["best"]

@@ -1,6 +1,9 @@
 """Checkpoints: atomic saves that survive SIGKILL, exact resume, warm start, export, clear errors."""
 
+import json
+import math
 import os
+import pathlib
 import signal
 import subprocess
 import sys
@@ -11,6 +14,7 @@ import numpy as np
 import pytest
 import torch
 
+from fleetrl.common.files import strict_json
 from fleetrl.learner.checkpoint import (
     CheckpointDir,
     CheckpointError,
@@ -20,6 +24,7 @@ from fleetrl.learner.checkpoint import (
 )
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
+from fleetrl.learner.run_files import write_summary
 from fleetrl.problems import load_problem
 
 
@@ -55,6 +60,38 @@ def test_a_restarted_learner_resumes_weights_optimizer_counters_and_rng(tmp_path
         assert torch.equal(restored["state"][key]["exp_avg_sq"], state["exp_avg_sq"])
     assert torch.equal(second.trainer.shuffle_generator.get_state(), first.trainer.shuffle_generator.get_state())
     second.server.stop(0)
+
+
+def strict_load(path):
+    """JSON as a strict parser reads it: a bare NaN or Infinity is an error."""
+    def refuse(constant):
+        raise ValueError(f"{path} holds {constant}, which is not JSON")
+    return json.loads(pathlib.Path(path).read_text(), parse_constant=refuse)
+
+
+def test_a_resumed_run_reports_the_return_window_it_had_and_writes_strict_json(tmp_path):
+    first = learner_on(tmp_path)
+    first.episodes.extend([{"return": 10.0}, {"return": 20.0}])
+    first.run_state.save()
+    first.server.stop(0)
+
+    second = learner_on(tmp_path)  # resumed, and stopped before any episode ended
+    write_summary(str(tmp_path), second.summary())
+    second.server.stop(0)
+    summary = strict_load(tmp_path / "summary.json")
+    assert (summary["episodes"], summary["mean_episode_return"], summary["returns_in_window"]) == (2, 15.0, 2)
+
+    fresh = learner_on(tmp_path / "fresh")  # no episode at all: the mean is null, and the count says why
+    write_summary(str(tmp_path / "fresh"), fresh.summary())
+    fresh.server.stop(0)
+    summary = strict_load(tmp_path / "fresh" / "summary.json")
+    assert (summary["episodes"], summary["mean_episode_return"], summary["returns_in_window"]) == (0, None, 0)
+
+
+def test_strict_json_writes_null_for_nan_and_infinity_at_any_depth():
+    data = {"a": math.nan, "b": [1.0, math.inf, {"c": -math.inf}], "d": (2.5, float("nan")), "e": "NaN"}
+    assert json.loads(strict_json(data)) == {"a": None, "b": [1.0, None, {"c": None}], "d": [2.5, None],
+                                              "e": "NaN"}
 
 
 def test_checkpoints_load_without_pickled_code_and_only_the_last_k_are_kept(tmp_path, unroll_batch):
