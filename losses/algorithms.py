@@ -25,6 +25,7 @@ typed fields the trainer acts on (`approx_kl`, for `target_kl`). The trainer nev
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import torch
 
@@ -64,6 +65,10 @@ class LossResult:
 class Algorithm:
     default_epochs = 1
     default_minibatches = 1
+    # Which of the settings that only some algorithms read (ALGORITHM_SETTINGS) this one
+    # reads; another of them set away from its default is refused at start, so that no
+    # setting silently does nothing. None: not declared (a user's algorithm), nothing checked.
+    reads: frozenset[str] | None = None
 
     def unroll_hook(self, config: LossConfig) -> UnrollHook:
         """What sees finished unrolls before they are batched; the base passes them through."""
@@ -107,6 +112,8 @@ class Algorithm:
 class Supervised(Algorithm):
     """Teacher forcing alone: no RL loss (use with teacher_forcing_fraction=1)."""
 
+    reads = frozenset()
+
     def rl_loss(self, problem, outputs, batch, prepared):
         # Zero, but tied to the outputs, so that a batch without forced steps still backpropagates.
         return LossResult(sum(v.sum() for v in outputs.values()) * 0.0, {})
@@ -114,6 +121,8 @@ class Supervised(Algorithm):
 
 class VTrace(Algorithm):
     """IMPALA's off-policy actor-critic (`fleetrl.losses.vtrace`)."""
+
+    reads = frozenset({"rho_bar", "c_bar", "pg_rho_bar", "lambda_"})
 
     def prepare(self, problem, batch):
         if (problem.config.reward_type, problem.config.logprob_type) != ("chunk_level", "chunk_level"):
@@ -151,6 +160,8 @@ class PPO(Algorithm):
     With action chunks, `reward_type=action_level` runs GAE over actions, and
     `logprob_type` sets whether a ratio is per chunk, per action or per token."""
 
+    reads = frozenset({"gae_lambda", "clip_eps_low", "clip_eps_high", "dual_clip", "value_clip_eps",
+                       "normalize_advantages", "target_kl"})
     default_epochs = 4
     default_minibatches = 4
 
@@ -198,6 +209,8 @@ class GRPO(Algorithm):
     Its unrolls wait for whole group episodes, so its data is older than PPO's: one pass
     of one minibatch per batch (the default) keeps the policy lag low."""
 
+    reads = frozenset({"clip_eps_low", "clip_eps_high", "dual_clip", "target_kl"})
+
     def unroll_hook(self, config):
         return GroupAdvantages(config.group_size)
 
@@ -223,6 +236,25 @@ class GRPO(Algorithm):
 
 
 ALGORITHMS: dict[str, Algorithm] = {"vtrace": VTrace(), "ppo": PPO(), "grpo": GRPO(), "supervised": Supervised()}
+
+
+# The settings only some algorithms read: each built-in algorithm declares its share (`reads`).
+ALGORITHM_SETTINGS = ("rho_bar", "c_bar", "pg_rho_bar", "lambda_", "gae_lambda", "clip_eps_low", "clip_eps_high",
+                      "dual_clip", "value_clip_eps", "normalize_advantages", "target_kl")
+
+
+def unread_setting(config: LossConfig, defaults: Any) -> str | None:
+    """Why `config` sets a value that its algorithm never reads (one away from `defaults`,
+    the config class's own), naming the algorithms that do read it; None if it sets none."""
+    algorithm = ALGORITHMS[config.algorithm]
+    if algorithm.reads is None:
+        return None
+    for name in ALGORITHM_SETTINGS:
+        if name not in algorithm.reads and getattr(config, name) != getattr(defaults, name):
+            readers = sorted(k for k, a in ALGORITHMS.items() if a.reads is not None and name in a.reads)
+            return (f"{name}={getattr(config, name)} does nothing under algorithm={config.algorithm}: only "
+                    f"{', '.join(readers)} read it. Leave it at its default, or choose one of those algorithms")
+    return None
 
 
 def get_algorithm(name: str) -> Algorithm:

@@ -2,7 +2,9 @@
 
 Flat, so that any of them can be set with --hparams (for example
 `--hparams=algorithm=ppo,clip_eps_high=0.28,epochs=4`) or as a flag of its own
-(`--clip_eps_high=0.28`). Each algorithm reads the fields it documents and ignores the rest.
+(`--clip_eps_high=0.28`). Each algorithm reads the fields it documents; a built-in one refuses, at
+start and by name, a value other than the default for a field that only other algorithms
+read (`fleetrl.losses.algorithms.ALGORITHM_SETTINGS`).
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import types
 from collections.abc import Mapping
 from typing import Any, ClassVar
 
@@ -27,7 +28,7 @@ from fleetrl.common.settings import check_choice, check_range, setting
 from fleetrl.envs.action_chunks import ACTION_REWARDS, ACTIONS_EXECUTED, ActionChunks
 from fleetrl.envs.space_check import SpaceCheck
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING, TeacherForcingDraws
-from fleetrl.losses.algorithms import ALGORITHMS, Algorithm, get_algorithm
+from fleetrl.losses.algorithms import ALGORITHMS, Algorithm, get_algorithm, unread_setting
 from fleetrl.losses.config import LossConfig
 from fleetrl.losses.lr_schedule import SCHEDULES
 from fleetrl.problems.defaults import LaunchDefaults, LearnerDefaults
@@ -72,6 +73,9 @@ class ProblemConfig(LossConfig):
     def __post_init__(self):
         check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))  # registered ones, users' included
         super().__post_init__()
+        unread = unread_setting(self, _defaults_of(type(self)))
+        if unread:
+            raise ValueError(unread)
         check_range("teacher_forcing_fraction", self.teacher_forcing_fraction, low=0, high=1)
         check_range("learning_rate", self.learning_rate, low=0, low_open=True)
         check_choice("learning_rate_schedule", self.learning_rate_schedule, SCHEDULES)
@@ -83,6 +87,13 @@ class ProblemConfig(LossConfig):
 
     def adam_betas(self) -> tuple[float, float]:
         return (self.adam_beta1, self.adam_beta2)
+
+
+def _defaults_of(config_cls: type) -> Any:
+    """The config class's own default values, by field name (a Problem's config may change
+    LossConfig's defaults)."""
+    return types.SimpleNamespace(**{f.name: f.default for f in dataclasses.fields(config_cls)
+                                    if f.default is not dataclasses.MISSING})
 
 
 class Problem:

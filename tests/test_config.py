@@ -119,3 +119,24 @@ def test_a_problems_boolean_fields_are_boolean_flags(tmp_path, repo_root):
         (False, True, False)
     assert (problem["normalize_advantages"], problem["reset_momentum_each_batch"], problem["solvable_only"]) == \
         (True, False, True)
+
+
+# Each built-in algorithm, a setting it reads, and one it does not (with who reads that one).
+ALGORITHM_READS = [
+    ("vtrace", {"rho_bar": 0.9}, {"gae_lambda": 0.9}, "ppo"),
+    ("vtrace", {"lambda_": 0.9}, {"value_clip_eps": 0.2}, "ppo"),
+    ("ppo", {"clip_eps_high": 0.28}, {"c_bar": 0.5}, "vtrace"),
+    ("ppo", {"target_kl": 0.02}, {"pg_rho_bar": 0.5}, "vtrace"),
+    ("grpo", {"clip_eps_high": 0.28}, {"normalize_advantages": False}, "ppo"),
+    ("grpo", {"target_kl": 0.02}, {"gae_lambda": 0.9}, "ppo"),
+    ("supervised", {}, {"clip_eps_low": 0.1}, "grpo, ppo"),
+]
+
+
+@pytest.mark.parametrize("algorithm, read, unread, readers", ALGORITHM_READS)
+def test_a_setting_the_algorithm_never_reads_is_refused_by_name(algorithm, read, unread, readers):
+    load_problem("cartpole", {"algorithm": algorithm, **{k: str(v) for k, v in read.items()}})
+    ((name, value),) = unread.items()
+    with pytest.raises(ValueError, match=rf"^{name}={value} does nothing under algorithm={algorithm}: only "
+                                         rf"{readers} read it"):
+        load_problem("cartpole", {"algorithm": algorithm, name: str(value)})
