@@ -86,7 +86,8 @@ def main(argv: list[str]) -> int:
                       learner.run_state.checkpoints.latest() or "scratch (no checkpoint was written)")
         code = 3
     else:
-        code = 1 if summary.target_reached is False and not signalled else 0
+        failed = summary.reason.startswith("error:")  # the learner's own failure ended the run
+        code = 1 if failed or (summary.target_reached is False and not signalled) else 0
     if config.world_size > 1:
         exit_now(code)
     return code

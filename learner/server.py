@@ -30,6 +30,7 @@ import numpy as np
 
 from fleetrl.learner.connected_actors import ActorStream
 from fleetrl.learner.inference_batcher import BatcherStopped
+from fleetrl.learner.inference_failures import InferenceFailures
 from fleetrl.learner.metric_rules import MAX_NAME_BYTES
 from fleetrl.learner.served_run import ServedRun
 from fleetrl.learner.step_intake import StepIntake
@@ -58,6 +59,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         self._open_streams = 0  # handshaken or not; at most max_actors
         self.rejected_messages = 0  # read by other threads: an int
         self._watchdog: asyncio.Task | None = None
+        self.failures = InferenceFailures()  # the learner's own, told apart from actors' bad messages
 
     async def start(self) -> None:
         """On the loop: the batchers and the idle-stream watchdog start serving."""
@@ -209,10 +211,9 @@ class LearnerService(pb_grpc.LearnerServicer):
                 actions = await future
             except BatcherStopped:
                 break
-            except Exception as e:  # its step failed inference on its own (see InferenceBatcher)
-                log.error("actor %r: inference failed on its step, ending its stream: %r", actor, e)
-                raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: the learner's "
-                                     f"inference failed on this step: {type(e).__name__}: {e}") from None
+            except Exception as e:  # the step passed every check: the failure is the learner's (inference_failures)
+                self._inference_failed(actor, e)
+            self.failures.served()
             self.run.scalars.add("inference/latency_ms", 1000 * (time.monotonic() - start))
             await context.write(pb.LearnerMessage(actions=pb.Actions(actions=encode_all(actions),
                                                                      policy_version=self.run.run.policy_version())))
@@ -223,6 +224,17 @@ class LearnerService(pb_grpc.LearnerServicer):
             raise StreamRejected(grpc.StatusCode.UNAVAILABLE,
                                  f"the learner failed ({reason}); reconnect to its restart")
         return reason
+
+    def _inference_failed(self, actor: str, error: Exception) -> NoReturn:
+        """Logs the learner's own failure with its traceback and ends the stream with a status
+        the actor retries; stops the run once the failure repeats for every actor."""
+        log.error("actor %r: the learner's inference failed on its step; the actor will back off and resend it",
+                  actor, exc_info=error)
+        if self.failures.failed(actor, self.run.actors.stepping(pb.TRAIN) or len(self.run.actors)):
+            self.run.run.finish(f"error: inference failed on every actor's steps, twice each: "
+                                f"{type(error).__name__}: {error}")
+        raise StreamRejected(grpc.StatusCode.UNAVAILABLE, f"actor {actor!r}: the learner's inference failed on "
+                             f"this step ({type(error).__name__}: {error}); back off and resend it") from None
 
     async def _first_message(self, context: grpc.aio.ServicerContext) -> pb.ActorMessage | None:
         """The handshake, read within the handshake timeout: a connection that never says

@@ -1,9 +1,11 @@
 """Failures stay with the actor that caused them: the learner keeps serving and training the rest.
 
 Two layers. Float observations are checked when they are decoded, so a NaN or infinity
-ends only the sending actor's stream, by name. And should a step still make the agent
-raise inside a shared inference batch, the batch is retried request by request: only the
-request that fails on its own ends its actor's stream; its batch-mates get their actions.
+ends only the sending actor's stream, by name (INVALID_ARGUMENT: the actor's fault, final).
+And should a step still make the agent raise inside a shared inference batch, the batch is
+retried request by request: only the request that fails on its own ends its stream, with a
+status the actor retries (the failure is the learner's: an out-of-memory, a bug); its
+batch-mates get their actions. A failure that repeats for every actor stops the run.
 """
 
 import threading
@@ -100,8 +102,10 @@ def test_a_step_that_breaks_a_shared_batch_fails_alone_and_its_batch_mates_are_s
     observation = np.zeros((2, 4), np.float32)
     observation[0, 0] = 2 * POISON
     error = _refusal(learner, raw_actor, wire, observation)
-    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
-    assert "actor 'bad': the learner's inference failed on this step: ValueError" in error.details()
+    # Its message passed every check, so the failure is the learner's: a status the actor retries.
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+    assert "actor 'bad': the learner's inference failed on this step (ValueError: " in error.details()
+    assert "back off and resend it" in error.details()
     # It failed inside a batch shared with the healthy actor's envs, which was then retried
     # request by request: the healthy request got its actions, the poisoned one its error.
     assert learner.batcher.isolated_failures >= 1
@@ -110,3 +114,79 @@ def test_a_step_that_breaks_a_shared_batch_fails_alone_and_its_batch_mates_are_s
     with torch.no_grad():  # and the model itself is unharmed
         out, _ = learner.agent.step({"observation": torch.zeros(1, 4)}, torch.ones(1, dtype=torch.bool), ())
     assert torch.isfinite(out["policy_logits"]).all()
+
+
+class FlakyAgent(MLPAgent):
+    """CartPole's MLP whose forward passes `fail_at` (call numbers) raise CUDA's out-of-memory
+    error, as a learner on a full GPU would."""
+
+    def __init__(self, *args, fail_at=(), **kwargs):
+        super().__init__(*args, **kwargs)
+        self.calls, self.fail_at = 0, set(fail_at)
+
+    def torso(self, observation):
+        self.calls += 1
+        if self.calls in self.fail_at:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+        return super().torso(observation)
+
+
+class FlakyCartPole(CartPoleProblem):
+    def __init__(self, fail_at, config=None):
+        super().__init__(config)
+        self.fail_at = fail_at
+
+    def make_agent(self):
+        (spec,) = self.observation_specs()
+        return FlakyAgent(spec.shape[0], self.policy_logits_size(), self.config.hidden_sizes, shared_torso=False,
+                          fail_at=self.fail_at)
+
+
+def _learner(tmp_path, problem) -> tuple[Learner, threading.Thread]:
+    config = LearnerConfig(bind="127.0.0.1:0", logdir=str(tmp_path), batch_size=4, unroll_length=10,
+                           summary_interval_s=0.5)
+    learner = Learner(config, problem=problem)
+    thread = threading.Thread(target=learner.run, daemon=True)
+    thread.start()
+    return learner, thread
+
+
+def test_an_out_of_memory_in_a_forward_pass_is_the_learners_and_every_actor_carries_on(tmp_path, eventually,
+                                                                                        caplog):
+    # The build's dry step is call 1; calls 30 and 31 fail: the batch, then the request on its own.
+    learner, learner_thread = _learner(tmp_path, FlakyCartPole(fail_at=(30, 31)))
+    actors = [Actor(ActorConfig(learner_address=learner.address, problem="cartpole", num_envs=4,
+                                actor_id=f"actor-{i}", max_reconnect_s=60)) for i in range(2)]
+    errors = []
+    threads = [threading.Thread(target=_run, args=(actor, errors), daemon=True) for actor in actors]
+    for thread in threads:
+        thread.start()
+    try:
+        eventually(lambda: learner.agent.calls > 31, 60, "the injected out-of-memory")
+        steps = [actor.steps_sent for actor in actors]
+        eventually(lambda: all(a.steps_sent > s + 50 for a, s in zip(actors, steps)), 60, "every actor to go on")
+        assert not learner.is_finished() and not errors, errors
+        assert learner.service.failures.total >= 1
+        logged = [r for r in caplog.records if "the learner's inference failed" in r.getMessage()]
+        assert logged and logged[0].exc_info and "OutOfMemoryError" in repr(logged[0].exc_info[1])
+    finally:
+        learner.finish("test over")
+        for thread in (*threads, learner_thread):
+            thread.join(timeout=30)
+    assert not errors, errors
+
+
+def test_a_failure_that_repeats_for_every_actor_stops_the_run_with_the_learners_error(tmp_path, eventually):
+    learner, learner_thread = _learner(tmp_path, FlakyCartPole(fail_at=range(20, 10_000)))
+    actor = Actor(ActorConfig(learner_address=learner.address, problem="cartpole", num_envs=4, max_reconnect_s=5))
+    errors = []
+    thread = threading.Thread(target=_run, args=(actor, errors), daemon=True)
+    thread.start()
+    try:
+        eventually(learner.is_finished, 60, "the run to stop")
+        assert learner.finished_reason().startswith("error: inference failed on every actor's steps, twice each: "
+                                                    "OutOfMemoryError: CUDA out of memory")
+    finally:
+        learner.finish("test over")
+        learner_thread.join(timeout=30)
+        thread.join(timeout=30)
