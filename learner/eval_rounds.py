@@ -79,20 +79,33 @@ class EvalRounds:
         self._actor_snapshot: dict[str, tuple[Agent, int]] = {}
         self._next_index = 0
         self._last_start = -math.inf
+        self._snapshotting = False  # a new round's snapshot is being taken, outside the lock
         self.completed = 0
         self.last: EvalResult | None = None
 
     def work(self, actor_id: str, max_episodes: int) -> Work:
-        """Up to `max_episodes` episodes for `actor_id`, which asks only when its last ones are done."""
+        """Up to `max_episodes` episodes for `actor_id`, which asks only when its last ones are done.
+
+        A new round's snapshot is taken outside the lock: it waits for the policy lock, which
+        a training update may hold throughout, and other actors' calls must not wait with it."""
         with self._lock:
             self._requeue(actor_id)  # anything still listed as running was lost (say, a reconnect)
             self._actor_snapshot.pop(actor_id, None)
             round_ = next((r for r in self._rounds.values() if r.pending), None)
             if round_ is None:
                 wait = self._last_start + self.interval_s - self._clock()
-                if wait > 0 or len(self._rounds) >= self._max_in_flight:
+                if wait > 0 or len(self._rounds) >= self._max_in_flight or self._snapshotting:
                     return Work(retry_after_s=min(max(wait, 0.2), 5.0))
-                round_ = self._start_round()
+                self._snapshotting = True
+        if round_ is None:
+            try:
+                agent, version = self._snapshot()
+            finally:
+                with self._lock:
+                    self._snapshotting = False
+            with self._lock:
+                round_ = self._start_round(agent, version)
+        with self._lock:
             taken = [round_.pending.popleft() for _ in range(min(max_episodes, len(round_.pending)))]
             round_.running[actor_id] = set(taken)
             self._actor_round[actor_id] = round_.index
@@ -100,9 +113,9 @@ class EvalRounds:
             return Work(round=round_.index, policy_version=round_.version, episodes=taken)
 
     def agent_for(self, actor_id: str) -> tuple[Agent, int] | None:
-        """The snapshot (and its version) that `actor_id`'s current episodes run with."""
-        with self._lock:
-            return self._actor_snapshot.get(actor_id)
+        """The snapshot (and its version) that `actor_id`'s current episodes run with. Lock-free
+        (one dict read): eval steps ask for it on the server's event loop."""
+        return self._actor_snapshot.get(actor_id)
 
     def record(self, actor_id: str, episode: int, metrics: dict[str, float],
                images: dict[str, np.ndarray] | None = None, record: dict[str, Any] | None = None) -> EvalResult | None:
@@ -144,8 +157,7 @@ class EvalRounds:
             lost = round_.running.pop(actor_id, set())
             round_.pending.extendleft(sorted(lost, reverse=True))
 
-    def _start_round(self) -> _Round:
-        agent, version = self._snapshot()
+    def _start_round(self, agent: Agent, version: int) -> _Round:
         round_ = _Round(index=self._next_index, version=version, agent=agent,
                         pending=collections.deque(range(self.episodes)))
         self._rounds[round_.index] = round_

@@ -230,3 +230,48 @@ def test_the_server_keeps_answering_while_a_forward_pass_runs(tmp_path, raw_acto
         HeldAgent.release.set()
         learner.finish("test over")
         runner.join(timeout=30)
+
+
+def test_a_held_eval_snapshot_delays_no_other_streams_step_or_handshake(tmp_path, raw_actor, wire):
+    """A new eval round copies the model under the policy lock, which a training update may
+    hold throughout (block_inference_on_training). While that copy waits, another eval
+    stream's step and a new actor's handshake are answered at once."""
+    learner = Learner(LearnerConfig(bind="127.0.0.1:0", logdir=str(tmp_path), inference_timeout_ms=1,
+                                    eval_interval_s=0.0), problem=CartPoleProblem())
+    runner = threading.Thread(target=learner.run, daemon=True)
+    runner.start()
+
+    def eval_actor(name):
+        actor = raw_actor(learner.address)
+        handshake = wire.handshake(actor_id=name, num_envs=1)
+        handshake.handshake.mode = pb.EVAL
+        assert actor.send(handshake).WhichOneof("kind") == "accepted"
+        return actor
+
+    holding = False
+    try:
+        playing = eval_actor("playing")
+        work = playing.stub.GetEvalWork(pb.EvalWorkRequest(actor_id="playing", max_episodes=10_000), timeout=30)
+        assert len(work.episodes) == learner.problem.num_eval_episodes()  # round 0, all of it
+        learner.policy.lock.acquire()  # as a training update holds it
+        holding = True
+        asking = eval_actor("asking")
+        new_round = concurrent.futures.ThreadPoolExecutor(1).submit(
+            asking.stub.GetEvalWork, pb.EvalWorkRequest(actor_id="asking", max_episodes=1), timeout=60)
+        time.sleep(0.5)
+        assert not new_round.done()  # its snapshot waits for the lock
+        calls = concurrent.futures.ThreadPoolExecutor(2)  # the old way, they waited for the lock
+        step = calls.submit(playing.send, wire.cartpole_step(1))
+        other = raw_actor(learner.address)
+        handshake = calls.submit(other.send, wire.handshake(actor_id="other", num_envs=1))
+        assert step.result(timeout=5).WhichOneof("kind") == "actions"
+        assert handshake.result(timeout=5).WhichOneof("kind") == "accepted"
+        assert not new_round.done()
+        learner.policy.lock.release()
+        holding = False
+        assert new_round.result(timeout=30).round == 1
+    finally:
+        if holding:
+            learner.policy.lock.release()
+        learner.finish("test over")
+        runner.join(timeout=30)
