@@ -70,6 +70,17 @@ class EnvStateStore:
     def num_allocated(self) -> int:
         return self._capacity - len(self._free)
 
+    def free_slots(self) -> int:
+        return len(self._free)
+
+    def reserve(self, count: int) -> None:
+        """Grows the store, if need be, so that `count` slots are free. Growing copies every
+        per-slot buffer (GPU memory, for image observations): the server calls this off its
+        event loop before `allocate`, so that a large actor joining stalls no other stream."""
+        with self.lock:
+            if len(self._free) < count:
+                self._grow(max(2 * self._capacity, self._capacity + count))
+
     def allocate(self, count: int) -> np.ndarray:
         with self.lock:
             if len(self._free) < count:

@@ -158,6 +158,12 @@ class LearnerService(pb_grpc.LearnerServicer):
                                  f"actor id {handshake.actor_id!r} is already connected; give each actor its own "
                                  "--actor_id")
         store = self.run.eval_store if evaluating else self.run.store
+        if store.free_slots() < handshake.num_envs:  # growing copies every buffer: off the loop
+            try:
+                await asyncio.to_thread(store.reserve, handshake.num_envs)
+            except BaseException:
+                self.run.actors.leave(handshake.actor_id)
+                raise
         slots = store.allocate(handshake.num_envs)
         if not evaluating:
             self.run.unroll_hook.actor_joined(slots)

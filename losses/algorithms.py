@@ -212,7 +212,7 @@ class GRPO(Algorithm):
     reads = frozenset({"clip_eps_low", "clip_eps_high", "dual_clip", "target_kl"})
 
     def unroll_hook(self, config):
-        return GroupAdvantages(config.group_size)
+        return GroupAdvantages(config.group_size, config.max_waiting_unrolls)
 
     def prepare(self, problem, batch):
         return {**super().prepare(problem, batch), "advantages": batch.extras[GROUP_ADVANTAGE][:-1]}

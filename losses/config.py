@@ -68,6 +68,10 @@ class LossConfig:
 
     group_size: int = setting(1, "GRPO: envs per group. A group's members start each episode from the same reset "
                                  "seed, and each episode's advantage is its return normalized within the group.")
+    max_waiting_unrolls: int = setting(4096, "GRPO: unrolls waiting for their group's episodes to end, at most "
+                                             "(the learner's memory bound beside the unroll queue's). Past it, "
+                                             "the oldest waiting group's unrolls are dropped, with a log line: a "
+                                             "member lags far behind, or has stalled.")
 
     epochs: int | None = setting(None, "Passes over each batch of unrolls; none: the algorithm's default "
                                        "(V-trace and GRPO 1, PPO 4).")
@@ -93,5 +97,5 @@ class LossConfig:
         for name in ("clip_eps_low", "clip_eps_high"):
             check_range(name, getattr(self, name), low=0)
         check_range("dual_clip", self.dual_clip, low=1, low_open=True)
-        for name in ("group_size", "epochs", "minibatches", "accumulation_steps"):
+        for name in ("group_size", "epochs", "minibatches", "accumulation_steps", "max_waiting_unrolls"):
             check_range(name, getattr(self, name), low=1)

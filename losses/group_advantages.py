@@ -9,11 +9,14 @@ steps of that episode.
 
 An unroll waits here until every transition in it has its episode's advantage, then goes
 on to the trainer with the per-step extra "group_advantage". What waits is bounded by how
-far a group's slowest member lags behind its fastest; a leaving actor's unrolls are dropped.
+far a group's slowest member lags behind its fastest, and by `max_waiting_unrolls`: past it
+the oldest waiting group's unrolls are dropped, with a log line (a member has stalled). A
+leaving actor's unrolls are dropped.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 
 import numpy as np
@@ -24,12 +27,15 @@ from fleetrl.losses.unroll_hook import UnrollHook
 
 GROUP_ADVANTAGE = "group_advantage"
 
+log = logging.getLogger(__name__)
+
 
 class GroupAdvantages(UnrollHook):
-    def __init__(self, group_size: int):
+    def __init__(self, group_size: int, max_waiting_unrolls: int = 4096):
         if group_size < 2:
             raise ValueError(f"GRPO needs groups of at least 2 envs: set group_size > 1, got {group_size}")
         self.group_size = self.num_envs_multiple = group_size
+        self.max_waiting_unrolls = max_waiting_unrolls
         self._lock = threading.Lock()
         self._next_group = 0
         self._group_of: dict[int, int] = {}  # slot -> group id
@@ -81,7 +87,19 @@ class GroupAdvantages(UnrollHook):
             if ready:
                 released = {id(u) for u in ready}
                 self._waiting = [w for w in self._waiting if id(w[0]) not in released]
+            while len(self._waiting) > self.max_waiting_unrolls:
+                self._drop_group(self._group_of[self._waiting[0][0].slot])
             return ready
+
+    def _drop_group(self, group: int) -> None:
+        """Drops the waiting unrolls of `group`'s members: one has fallen too far behind."""
+        kept = [w for w in self._waiting if self._group_of.get(w[0].slot) != group]
+        dropped = len(self._waiting) - len(kept)
+        self._waiting = kept
+        self.dropped_unrolls += dropped
+        log.warning("GRPO: dropped %d unrolls of group %d, which waited for its members' episodes past "
+                    "max_waiting_unrolls=%d: one member lags far behind the others or has stalled", dropped, group,
+                    self.max_waiting_unrolls)
 
     def _account(self, unroll: Unroll) -> tuple[np.ndarray, set[int], bool]:
         """Each step's episode index, scoring the episodes that end in the unroll, and the

@@ -89,3 +89,14 @@ def test_looking_up_changes_nothing_until_the_step_ends():
     assert first_try.tolist() == again.tolist() == [True, True]
     feed(store, slots, [1, 2], [5, 6])
     assert store.lookup(slots, run_ids)[0].tolist() == [False, False]
+
+
+def test_reserving_grows_the_store_without_taking_slots_so_that_allocating_does_not():
+    """The server reserves off its event loop; allocating on the loop then copies nothing."""
+    store = make_store(capacity=2)
+    store.allocate(1)
+    store.reserve(5)
+    assert store.free_slots() >= 5 and store.num_allocated() == 1
+    buffers = {k: v.data_ptr() for k, v in store._buffers.items()}
+    slots = store.allocate(5)
+    assert len(slots) == 5 and {k: v.data_ptr() for k, v in store._buffers.items()} == buffers

@@ -62,6 +62,20 @@ def test_returns_are_normalized_within_the_group_and_unrolls_wait_for_them():
     assert all(u.extras["group_advantage"].tolist() == [0.0] * 4 for u in tied)
 
 
+def test_waiting_unrolls_are_bounded_and_a_stalled_groups_are_dropped_with_a_log_line(caplog):
+    hook = GroupAdvantages(group_size=2, max_waiting_unrolls=3)
+    hook.actor_joined(np.array([0, 1, 2, 3]))  # groups (0, 1) and (2, 3); slots 1 and 3 never send
+    playing = [False] * (T + 1)
+    assert hook.process(unroll_for(0, 0, [True] + playing[1:], [0] * 4, playing)) == []
+    assert hook.process(unroll_for(2, 0, [True] + playing[1:], [0] * 4, playing)) == []
+    assert hook.process(unroll_for(0, 1, playing, [0] * 4, playing)) == []
+    assert hook.dropped_unrolls == 0
+    with caplog.at_level("WARNING"):
+        assert hook.process(unroll_for(2, 1, playing, [0] * 4, playing)) == []  # a 4th: group (0, 1) goes
+    assert hook.dropped_unrolls == 2 and [u.slot for u, _, _ in hook._waiting] == [2, 2]
+    assert "GRPO: dropped 2 unrolls of group 0" in caplog.text and "max_waiting_unrolls=3" in caplog.text
+
+
 def test_a_leaving_actor_drops_its_waiting_unrolls():
     hook = GroupAdvantages(group_size=2)
     slots = np.array([0, 1])
