@@ -102,9 +102,15 @@ class R2RProblem(Problem):
 
     @functools.cached_property
     def _eval_set(self) -> list[tuple[str, int]]:
+        return [(split, i) for split in self.config.eval_splits for i in range(len(self._eval_scans[split]))]
+
+    @functools.cached_property
+    def _eval_scans(self) -> dict[str, dict[str, str]]:
+        """Per eval split, each episode's instr_id and its scan, as the data holds them: what an
+        actor's record is checked against before any file name or path is built from it."""
         data = self._data()
-        return [(split, i) for split in self.config.eval_splits
-                for i in range(len(read_instructions(data.path(f"R2R_{split}.json"))))]
+        return {split: {e.instr_id: e.scan for e in read_instructions(data.path(f"R2R_{split}.json"))}
+                for split in self.config.eval_splits}
 
     def num_eval_episodes(self) -> int:
         """Every instruction of every eval split, once."""
@@ -146,12 +152,20 @@ class R2RProblem(Problem):
 
     def check_episode_record(self, record: Mapping[str, Any]) -> None:
         """What write_eval_records reads: ids and viewpoints as strings, one finite heading
-        and elevation per viewpoint of the trajectory, and a split this run evaluates."""
+        and elevation per viewpoint of the trajectory, a split this run evaluates, and an
+        instr_id and scan of that split's data."""
         for key in ("instr_id", "split", "scan"):
             if not isinstance(record.get(key), str):
                 raise ValueError(f"record field {key!r} must be a string, got {record.get(key)!r:.80}")
         if record["split"] not in self.config.eval_splits:
             raise ValueError(f"record split {record['split']!r} is not one of eval_splits {self.config.eval_splits}")
+        # File names and a read path are built from these: only the loaded data's own ids pass.
+        scans = self._eval_scans[record["split"]]
+        if record["instr_id"] not in scans:
+            raise ValueError(f"record instr_id {record['instr_id']!r:.80} is not an episode of split {record['split']}")
+        if record["scan"] != scans[record["instr_id"]]:
+            raise ValueError(f"record scan {record['scan']!r:.80} is not the scan of episode {record['instr_id']} "
+                             f"({scans[record['instr_id']]})")
         for key in ("reference", "trajectory"):
             value = record.get(key)
             if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):

@@ -352,8 +352,11 @@ def test_the_learner_refuses_episode_records_that_are_malformed_or_not_asked_for
 
     out, _ = synthetic
     learner = serve(problem="r2r", hparams={"data_dir": out, "max_steps": "4"})
-    good = {"instr_id": "7_0", "split": "val_unseen", "scan": "s", "reference": ["a", "b"], "trajectory": ["a", "c"],
-            "headings": [0.5, 1.0], "elevations": [0.0, 0.0]}
+    from fleetrl.envs.r2r import read_instructions
+
+    episode = read_instructions(os.path.join(out, "R2R_val_unseen.json"))[0]
+    good = {"instr_id": episode.instr_id, "split": "val_unseen", "scan": episode.scan, "reference": ["a", "b"],
+            "trajectory": ["a", "c"], "headings": [0.5, 1.0], "elevations": [0.0, 0.0]}
 
     def decode(record: bytes, eval_episode: int | None = 3, service=learner.service):
         return service.intake.decoder.decode_episode(
@@ -369,7 +372,13 @@ def test_the_learner_refuses_episode_records_that_are_malformed_or_not_asked_for
              (json.dumps({**good, "split": "train"}).encode(), 3, "split 'train' is not one of eval_splits"),
              (json.dumps({**good, "headings": [0.5]}).encode(), 3, "one number per trajectory viewpoint \\(2\\)"),
              (json.dumps({**good, "trajectory": []}).encode(), 3, "'trajectory' must be a non-empty list"),
-             (json.dumps({**good, "instr_id": 7}).encode(), 3, "'instr_id' must be a string")]
+             (json.dumps({**good, "instr_id": 7}).encode(), 3, "'instr_id' must be a string"),
+             # File names and a read path are built from these: only the data's own ids pass.
+             (json.dumps({**good, "instr_id": "../../x"}).encode(), 3, "instr_id '../../x' is not an episode of "
+                                                                       "split val_unseen"),
+             (json.dumps({**good, "scan": "../" + episode.scan}).encode(), 3,
+              f"scan '../{episode.scan}' is not the scan of episode {episode.instr_id}"),
+             (json.dumps({**good, "scan": "unknown"}).encode(), 3, "scan 'unknown' is not the scan of episode")]
     for record, eval_episode, why in cases:
         with pytest.raises(WireError, match=why):
             decode(record, eval_episode)
@@ -390,3 +399,12 @@ def test_an_episode_record_that_cannot_travel_is_refused_where_it_is_made():
         encode_record({"features": np.zeros(3, np.float32)})
     with pytest.raises(ValueError, match="over the limit of 65,536; keep Problem.episode_record to a summary"):
         encode_record({"trajectory": ["a" * 32] * 3000})
+
+
+def test_a_scan_id_that_is_a_path_reads_no_file(synthetic):
+    from fleetrl.envs.r2r.graph import DataError, load_scan_graph
+
+    out, _ = synthetic
+    for scan in ("../r2r/connectivity/x", "/etc/passwd", ".hidden", ""):
+        with pytest.raises(DataError, match="is not a scan id"):
+            load_scan_graph(os.path.join(out, "connectivity"), scan)

@@ -67,6 +67,8 @@ class ScanGraph:
 
 
 def load_scan_graph(connectivity_dir: str, scan: str) -> ScanGraph:
+    if not scan or os.sep in scan or (os.altsep and os.altsep in scan) or scan.startswith("."):
+        raise DataError(f"scan {scan!r:.80} is not a scan id (a name, without a path)")
     path = os.path.join(connectivity_dir, f"{scan}_connectivity.json")
     entries = read_json(path, f"scan {scan!r}: no connectivity file {path}")
     graph = nx.Graph()
