@@ -35,7 +35,7 @@ from fleetrl.actor.eval_episodes import EvalEpisodes, Pending
 from fleetrl.envs.space_check import EnvSpaceError
 from fleetrl.envs.vector import make_vector_env
 from fleetrl.problems.base import Problem
-from fleetrl.problems.registry import load_problem
+from fleetrl.problems.registry import load_problem, trusted_problem_class
 from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
@@ -123,6 +123,12 @@ class Actor:
         if self.config.problem and info.problem != self.config.problem:
             raise ActorError(f"the actor runs problem {self.config.problem!r} and the learner serves {info.problem!r}")
         log.info("learner serves problem %s with hparams %s", info.problem, dict(info.hparams))
+        if not self.config.problem:  # the learner's word for it: only a registered name is imported
+            try:
+                trusted_problem_class(info.problem, f"the learner at {self.learner_address}")
+            except ValueError as e:
+                self._channel.close()
+                raise ActorError(str(e)) from None
         return info.problem, load_problem(info.problem, {**dict(info.hparams), **self.config.hparams})
 
     def _act(self, problem_name: str, problem: Problem, groups: list[EnvGroup], max_steps: int | None) -> None:

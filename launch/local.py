@@ -114,7 +114,7 @@ def launch(config: LocalConfig) -> int:
             return 1
         code = learner.process.wait()
         children.stop(learners[1:] + actors, timeout_s=15)  # the other ranks end at the same batch as rank 0
-        return _report(learner_cfg.logdir, code, learner, config.tensorboard_port)
+        return _report(learner_cfg.logdir, code, learner, config.tensorboard_port, learner_cfg.problem)
     finally:
         children.stop()
 
@@ -134,7 +134,7 @@ def _wait_for_address(path: str, learner) -> str | None:
     return None
 
 
-def _report(logdir: str, code: int, learner, tensorboard_port: int) -> int:
+def _report(logdir: str, code: int, learner, tensorboard_port: int, problem: str) -> int:
     summary_path = os.path.join(logdir, "summary.json")
     if code not in (0, 1) or not os.path.exists(summary_path):
         print(f"the learner exited with code {code}. Last lines of {learner.log_path}:\n{learner.tail()}",
@@ -142,7 +142,7 @@ def _report(logdir: str, code: int, learner, tensorboard_port: int) -> int:
         return code or 1
     with open(summary_path) as f:
         print_summary(json.load(f))
-    print_next_steps(logdir, tensorboard_port)
+    print_next_steps(logdir, tensorboard_port, problem)
     return code
 
 

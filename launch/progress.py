@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetrl.problems.registry import registered_names
 from fleetrl.proto import learner_pb2 as pb
 
 
@@ -99,8 +100,11 @@ def script(name: str) -> str:
     return relative if not relative.startswith("..") else path
 
 
-def print_next_steps(logdir: str, tensorboard_port: int = 0) -> None:
-    """The commands that come next, written so that they work as printed."""
+def print_next_steps(logdir: str, tensorboard_port: int = 0, problem: str = "") -> None:
+    """The commands that come next, written so that they work as printed: a Problem of the
+    user's own is named, since a checkpoint's import path is not imported unless it is."""
     running = f"  (running on http://localhost:{tensorboard_port})" if tensorboard_port else ""
     print(f"TensorBoard: {script('tensorboard')} --logdir {logdir}{running}")
-    print(f"Watch the trained policy: {script('python')} -m fleetrl.launch.evaluate --checkpoint={logdir} --record")
+    own = f" --problem={problem}" if problem and problem not in registered_names() else ""
+    print(f"Watch the trained policy: {script('python')} -m fleetrl.launch.evaluate --checkpoint={logdir}{own} "
+          "--record")

@@ -12,7 +12,7 @@ import torch
 from fleetrl.agents.base import Agent
 from fleetrl.learner.checkpoint import check_fits, load_checkpoint, resolve_checkpoint
 from fleetrl.problems.base import Problem
-from fleetrl.problems.registry import load_problem, problem_class
+from fleetrl.problems.registry import load_problem, names_a_base_of, problem_class, trusted_problem_class
 
 
 @dataclasses.dataclass
@@ -35,8 +35,10 @@ def load_policy(checkpoint: str, hparams: Mapping[str, str] | None = None, probl
     naming what does not fit."""
     path = resolve_checkpoint(checkpoint)
     saved = load_checkpoint(path, device)
+    if not problem:  # the checkpoint's word for it: only a registered name is imported
+        trusted_problem_class(saved["problem"], f"checkpoint {path}")
     name = problem or saved["problem"]
-    own = name == saved["problem"] or issubclass(problem_class(name), problem_class(saved["problem"]))
+    own = name == saved["problem"] or names_a_base_of(problem_class(name), saved["problem"])
     merged = {**(saved["hparams"] if own else {}), **(hparams or {})}
     loaded = load_problem(name, merged)
     agent = loaded.make_agent().to(device)

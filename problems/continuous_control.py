@@ -20,6 +20,7 @@ from fleetrl.agents import Agent, GaussianMLPAgent
 from fleetrl.agents.base import AgentOutput
 from fleetrl.agents.distributions import SQUASHES, bounded_normal
 from fleetrl.common.settings import check_choice, setting
+from fleetrl.envs.env_ids import check_env_id
 from fleetrl.problems.base import Problem, ProblemConfig
 
 
@@ -63,6 +64,10 @@ class ContinuousControlConfig(GaussianPolicyConfig):
     env_id: str = "Pendulum-v1"
     hidden_sizes: tuple[int, ...] = (64, 64)
     state_dependent_std: bool = False
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_env_id(self.env_id)
 
 
 class ContinuousControlProblem(GaussianPolicyProblem):

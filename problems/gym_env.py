@@ -27,6 +27,7 @@ from fleetrl.agents import Agent, GaussianMLPAgent, MLPAgent
 from fleetrl.agents.base import AgentOutput
 from fleetrl.agents.conv_lstm import ConvLSTMAgent
 from fleetrl.common.settings import setting
+from fleetrl.envs.env_ids import check_env_id
 from fleetrl.problems.base import Problem
 from fleetrl.problems.continuous_control import GaussianPolicyConfig, GaussianPolicyProblem
 
@@ -42,6 +43,10 @@ class GymConfig(GaussianPolicyConfig):
     hidden_sizes: tuple[int, ...] = setting((64, 64), "The MLP's layers (vector observations).")
     conv_channels: tuple[int, ...] = setting((32, 64, 64), "The conv torso's channels (image observations).")
     lstm_size: int = setting(128, "The conv agent's LSTM size (image observations).")
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_env_id(self.env_id)
 
 
 class GymProblem(GaussianPolicyProblem):

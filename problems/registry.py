@@ -65,5 +65,23 @@ def problem_class(name: str) -> type[Problem]:
     return cls
 
 
+def trusted_problem_class(name: str, source: str, flag: str = "--problem") -> type[Problem]:
+    """The Problem class for a name read from data (a learner's RunInfo, a checkpoint), which
+    may come from someone else: a registered name is imported, an import path is not (it
+    would run that module's code). The user names their own on the command line (`flag`)."""
+    if name not in _registry:
+        raise UnknownProblemError(
+            f"{source} names problem {name!r}, which is not a registered Problem; fleetrl imports no module that "
+            f"data names. If you trust it, pass {flag}={name}")
+    return problem_class(name)
+
+
+def names_a_base_of(cls: type, name: str) -> bool:
+    """Whether `name` (registered, or an import path) is `cls` or one of its bases, found
+    without importing `name`'s module."""
+    path = _registry.get(name, name)
+    return any(f"{c.__module__}:{c.__qualname__}" == path for c in cls.__mro__)
+
+
 def load_problem(name: str, hparams: Mapping[str, str] | None = None) -> Problem:
     return problem_class(name).from_hparams(hparams or {})

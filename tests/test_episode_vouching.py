@@ -285,7 +285,8 @@ def test_a_user_env_that_double_reports_after_an_autoreset_is_counted_at_the_lea
     monkeypatch.delitem(sys.modules, "buggy_user_env", raising=False)
     # The reported running totals pass 6 within a few episodes; the real returns are 4 and 1.
     learner = serve(problem="buggy_user_env:StaleReportProblem", target_mean_return=6.0, return_window=8)
-    actor = Actor(ActorConfig(learner_address=learner.address, num_envs=4, actor_id="buggy"))
+    actor = Actor(ActorConfig(learner_address=learner.address, problem="buggy_user_env:StaleReportProblem",
+                              num_envs=4, actor_id="buggy"))
     with caplog.at_level("WARNING", logger="fleetrl.learner.step_intake"):
         actor.run(max_steps=200)
     status = learner.status()

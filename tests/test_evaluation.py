@@ -134,7 +134,8 @@ def test_recording_a_problem_with_nothing_to_draw_fails_at_once_in_one_line(tmp_
     monkeypatch.syspath_prepend(str(tmp_path))
     checkpoint = checkpoint_of_an_untrained(tmp_path, "blind:BlindProblem")
     result = subprocess.run(
-        [sys.executable, "-m", "fleetrl.launch.evaluate", f"--checkpoint={checkpoint}", "--episodes=1", "--record",
+        [sys.executable, "-m", "fleetrl.launch.evaluate", f"--checkpoint={checkpoint}", "--problem=blind:BlindProblem",
+         "--episodes=1", "--record",
          f"--output={tmp_path / 'eval'}"], capture_output=True, text=True, timeout=300,
         env={**os.environ, "PYTHONPATH": str(tmp_path)})
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr

@@ -73,7 +73,8 @@ def user_module(tmp_path, monkeypatch):
 def test_an_observation_that_does_not_fit_its_space_stops_the_actor_in_one_line(serve, user_module, problem,
                                                                                 async_envs):
     learner = serve(problem=f"{user_module}:{problem}")
-    actor = Actor(ActorConfig(learner_address=learner.address, num_envs=2, async_envs=async_envs))
+    actor = Actor(ActorConfig(learner_address=learner.address, problem=f"{user_module}:{problem}", num_envs=2,
+                              async_envs=async_envs))
     with pytest.raises(ActorError) as error:
         actor.run(max_steps=200)
     message = str(error.value)
