@@ -57,9 +57,6 @@ def main(argv: list[str]) -> int:
     except (ValueError, MissingExtra) as e:  # a bad flag or hparam, an unknown Problem, a missing extra, ...
         logging.error("%s", e)
         return 2
-    if not config.bind.startswith(("127.", "localhost", "unix:", "[::1]")) and not learner.authenticated:
-        logging.warning("serving %s to other hosts without authentication: anyone who can reach this "
-                        "address can join the run (set --auth_token_file or --tls_client_ca)", config.bind)
     os.makedirs(config.logdir, exist_ok=True)
     atomic_write_text(address_file(config.logdir, config.rank), learner.address)
     ranks = f" (rank {config.rank} of {config.world_size})" if config.world_size > 1 else ""

@@ -16,6 +16,11 @@ same node, where it serves on the same port and resumes from the logdir's latest
 checkpoint; the actors reconnect by themselves. With `--learner_ranks=N`, N learner ranks
 share one placement group and restart together (`launch.ray_learner_group`).
 
+The learner listens on every interface of its node (`--bind=HOST` picks one; its port is
+`--learner_port`'s), and actors dial the node's address. Without `--auth_token_file` or
+`--tls_client_ca`, the run makes a random token and hands it to the learner and its own
+actors through Ray: nobody else who reaches the node can join, or read the run's info.
+
 It shows the live progress line and reports restarts. When the run ends, on Ctrl-C or
 SIGTERM, it stops the learner (which writes its final checkpoint), then removes every
 Ray actor it started. The learner's logdir is on the learner's node (use shared storage
@@ -27,6 +32,7 @@ learner failed, or when every actor ran out of restarts; 2 when no Ray cluster a
 from __future__ import annotations
 
 import dataclasses
+import secrets
 import signal
 import sys
 import time
@@ -51,7 +57,7 @@ try:
 except ImportError as e:  # says which extra brings it
     raise MissingExtra("launch.ray", "ray", e) from e
 
-define_flags(LearnerConfig, skip=("bind",))
+define_flags(LearnerConfig)
 define_flags(FleetConfig)
 define_flags(RayConfig, skip=("learner", "fleet"))
 FLAGS = flags.FLAGS
@@ -71,8 +77,13 @@ def launch(config: RayConfig) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop_requested.append("SIGTERM"))
     handles: list = []
     group = None
+    # Without the user's own token or client certificates, the run makes one: the learner
+    # listens on the node's interfaces, and only this run's actors may join. It travels to
+    # them through Ray, never on a command line or in a log.
+    own_auth = config.learner.auth_token_file or config.learner.tls_client_ca
+    token = None if own_auth else secrets.token_urlsafe(32)
     try:
-        group = LearnerGroup(config)
+        group = LearnerGroup(config, token)
         group.start()
         infos = group.info(config.start_timeout_s, stop_requested)
         if infos is None:
@@ -92,7 +103,7 @@ def launch(config: RayConfig) -> int:
             handle = ray.remote(FleetrlActor).options(
                 max_restarts=config.max_restarts, max_concurrency=2, scheduling_strategy="SPREAD",
                 **ray_options(resources)
-            ).remote(dataclasses.asdict(actor_config))
+            ).remote(dataclasses.asdict(actor_config), token)
             actors[name] = handle
             handles.append(handle)
         summary = _serve(group, actors, config.progress_interval_s, stop_requested, config.start_timeout_s)
@@ -212,7 +223,17 @@ def _watch(actors: dict[str, Any], watch: _Watch, progress: Progress) -> None:
 
 def main(argv: list[str]) -> int:
     del argv
-    return launcher_main(RayConfig, f"0.0.0.0:{FLAGS.learner_port}", launch)
+    # --bind's host (its port, if any, is --learner_port's to set); by default every interface
+    # of the learner's node, since actors on other nodes must reach it.
+    host = "0.0.0.0" if FLAGS["bind"].using_default_value else bind_host(FLAGS.bind)
+    return launcher_main(RayConfig, f"{host}:{FLAGS.learner_port}", launch)
+
+
+def bind_host(bind: str) -> str:
+    """The host part of `bind` (HOST, HOST:PORT, [IPv6] or [IPv6]:PORT)."""
+    if bind.startswith("["):
+        return bind[:bind.index("]") + 1]
+    return bind.rsplit(":", 1)[0] if ":" in bind else bind
 
 
 def run() -> None:

@@ -16,9 +16,11 @@ the same node, and the port is kept in `<logdir>/learner_port` (rank r's in
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
+import tempfile
 import threading
 import traceback
 from typing import Any
@@ -36,6 +38,25 @@ except ImportError as e:  # says which extra brings it
     raise MissingExtra("launch.ray", "ray", e) from e
 
 
+@contextlib.contextmanager
+def _token_file(token: str | None):
+    """The run's token (handed over by Ray, never on a command line) in a file only this
+    user can read, for as long as the learner or actor reads it in; None without one."""
+    if token is None:
+        yield None
+        return
+    fd, path = tempfile.mkstemp(prefix="fleetrl-token-")  # mode 0600
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+        yield path
+    finally:
+        os.remove(path)
+
+
+WILDCARDS = ("0.0.0.0", "[::]", "")
+
+
 def _node() -> dict[str, Any]:
     context = ray.get_runtime_context()
     return {"pid": os.getpid(), "node_id": context.get_node_id(), "ip": ray.util.get_node_ip_address()}
@@ -44,9 +65,10 @@ def _node() -> dict[str, Any]:
 class FleetrlLearner:
     """The learner, serving on all interfaces of its node; `address()` is where actors reach it."""
 
-    def __init__(self, config: dict[str, Any], restarted: bool = False):
+    def __init__(self, config: dict[str, Any], restarted: bool = False, token: str | None = None):
         """`restarted`: the launcher started it again (learner ranks restart as a group);
-        else it is restarted when Ray reconstructed its actor."""
+        else it is restarted when Ray reconstructed its actor. `token`: the run's own, which
+        the launcher made when the user gave neither a token nor client certificates."""
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         learner_config = LearnerConfig(**config)
         rank = learner_config.rank
@@ -56,7 +78,10 @@ class FleetrlLearner:
         if self.restarted and port == "0" and os.path.exists(port_file):
             with open(port_file) as f:  # the actors call the first process's port
                 learner_config = dataclasses.replace(learner_config, bind=f"{host}:{f.read().strip()}")
-        self.learner = Learner(learner_config)
+        with _token_file(token) as path:
+            if path is not None:
+                learner_config = dataclasses.replace(learner_config, auth_token_file=path)
+            self.learner = Learner(learner_config)
         self.resumed_steps = self.learner.policy.version
         atomic_write_text(port_file, self.learner.address.rsplit(":", 1)[1])
         self._summary: dict[str, Any] | None = None
@@ -71,8 +96,10 @@ class FleetrlLearner:
             self._error = traceback.format_exc()
 
     def info(self) -> dict[str, Any]:
-        port = self.learner.address.rsplit(":", 1)[1]
-        return {**_node(), "address": f"{ray.util.get_node_ip_address()}:{port}", "logdir": self.learner.config.logdir,
+        host, port = self.learner.address.rsplit(":", 1)
+        if host in WILDCARDS:  # every interface: actors dial the node's address
+            host = ray.util.get_node_ip_address()
+        return {**_node(), "address": f"{host}:{port}", "logdir": self.learner.config.logdir,
                 "rank": self.learner.config.rank,
                 "restarted": self.restarted, "resumed_from": self.learner.resumed_from,
                 "resumed_steps": self.resumed_steps}
@@ -95,9 +122,10 @@ class FleetrlLearner:
 class FleetrlActor:
     """One fleetrl actor (train or eval), acting from the moment it is built."""
 
-    def __init__(self, config: dict[str, Any]):
+    def __init__(self, config: dict[str, Any], token: str | None = None):
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         self.config = ActorConfig(**config)
+        self._token = token
         self._state, self._error = "running", ""
         self._actor: Actor | None = None
         self._thread = threading.Thread(target=self._run, name="actor", daemon=True)
@@ -105,7 +133,9 @@ class FleetrlActor:
 
     def _run(self) -> None:
         try:
-            self._actor = Actor(self.config)
+            with _token_file(self._token) as path:  # read when the actor is built
+                config = self.config if path is None else dataclasses.replace(self.config, auth_token_file=path)
+                self._actor = Actor(config)
             self._actor.run()
             self._state = "finished"
         except ActorError as e:

@@ -50,8 +50,9 @@ def _rendezvous_address() -> tuple[str, int]:
 
 
 class LearnerGroup:
-    def __init__(self, config: RayConfig):
-        self.config, self.size = config, config.learner_ranks
+    def __init__(self, config: RayConfig, token: str | None = None):
+        """`token`: the run's own, handed to each rank through Ray (None: the user's own auth)."""
+        self.config, self.size, self.token = config, config.learner_ranks, token
         self.resources = config.resources("learner_resources")
         self.placement = None
         if any(self.resources.values()):
@@ -77,7 +78,7 @@ class LearnerGroup:
             max_restarts=max_restarts, max_concurrency=4, scheduling_strategy=self._strategy(rank),
             runtime_env=env or None, **ray_options(self.resources),
         ).remote(dataclasses.asdict(dataclasses.replace(self.config.learner, world_size=self.size, rank=rank)),
-                 restarted) for rank in range(self.size)]
+                 restarted, self.token) for rank in range(self.size)]
 
     def _strategy(self, rank: int):
         if self.placement is None:  # no resources asked: on this node

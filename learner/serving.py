@@ -11,6 +11,7 @@ and the shared-token check (see `security`).
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 
 import grpc
@@ -19,6 +20,10 @@ from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.security import TokenCheck, server_credentials, server_options
 from fleetrl.learner.server import LearnerService, learner_handler
 from fleetrl.proto.auth import read_token
+
+log = logging.getLogger(__name__)
+
+LOOPBACK = ("127.", "localhost", "unix:", "[::1]")
 
 # Calls beyond --max_actors' streams: side calls (GetStatus, GetRunInfo, GetEvalWork), and
 # streams over the limit, which the service refuses at once with RESOURCE_EXHAUSTED naming
@@ -46,6 +51,9 @@ class LearnerServer:
         token = read_token(config.auth_token_file)
         # Who may join: with neither a token nor client certificates, anyone who reaches the address.
         self.authenticated = bool(token or config.tls_client_ca)
+        if not self.authenticated and not config.bind.startswith(LOOPBACK):  # however the learner was started
+            log.warning("serving %s to other hosts without authentication: anyone who can reach this address can "
+                        "join the run (set --auth_token_file or --tls_client_ca)", config.bind)
         if config.tls_client_ca and not (config.tls_cert or config.tls_key):
             raise ValueError("--tls_client_ca needs --tls_cert and --tls_key")
         credentials = (server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
