@@ -86,7 +86,17 @@ def pytest_collection_modifyitems(config, items):
         if not item.get_closest_marker("slow") or item.get_closest_marker("file_fixture"):
             item.add_marker(pytest.mark.xdist_group(item.path.name))
     items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: slow first
+    # Tests that must run in a network namespace of loopback only (a Ray cluster's) run there,
+    # in a pytest of their own that one driver test starts: here, only the driver is kept.
+    inside = os.environ.get(LOOPBACK_NETNS) == "1"
+    away = [i for i in items if i.get_closest_marker("loopback_netns" if not inside else "netns_driver")]
+    if away:
+        config.hook.pytest_deselected(items=away)
+        items[:] = [i for i in items if i not in away]
 
+
+# Set in the pytest that runs inside a network namespace of loopback only (tests/test_launch_ray.py).
+LOOPBACK_NETNS = "FLEETRL_LOOPBACK_NETNS"
 
 _GROUPS_LOST = pytest.StashKey[bool]()
 

@@ -9,6 +9,7 @@ what `ray stop --force` would end.
 """
 
 import contextlib
+import ipaddress
 import json
 import os
 import re
@@ -19,10 +20,16 @@ import sys
 import time
 import uuid
 
+import grpc
 import pytest
 
-# A real two-node cluster, started once for the module.
-pytestmark = [pytest.mark.slow, pytest.mark.file_fixture]
+from fleetrl.proto import learner_pb2 as pb
+from fleetrl.proto import learner_pb2_grpc as pb_grpc
+
+# A real two-node cluster, started once for the module, in a network namespace of loopback
+# only: tests/test_ray_in_loopback_netns.py runs this module there (conftest keeps it from
+# running anywhere else).
+pytestmark = [pytest.mark.slow, pytest.mark.file_fixture, pytest.mark.loopback_netns]
 
 RAY = os.path.join(os.path.dirname(sys.executable), "ray")
 ENV = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
@@ -107,7 +114,7 @@ def fleetrl_ray_processes() -> list[str]:
 def start_launcher(cluster, logdir, *flags):
     return subprocess.Popen(
         [sys.executable, "-m", "fleetrl.launch.ray", f"--address={cluster}", "--problem=cartpole",
-         f"--logdir={logdir}", "--num_actors=2", "--envs_per_actor=8", "--progress_interval_s=0.5",
+         f"--logdir={logdir}", "--num_actors=2", "--envs_per_actor=8", "--progress_interval_s=0.5", "--bind=127.0.0.1",
          '--learner_resources={"CPU": 1, "fleetrl_learner_node": 1}', '--actor_resources={"CPU": 1}', *flags],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=ENV)
 
@@ -167,9 +174,55 @@ def test_a_run_trains_with_actors_on_both_nodes_and_leaves_nothing_behind(cluste
     assert fleetrl_ray_processes() == []
 
 
+def listening_sockets() -> list[str]:
+    """The addresses of this network namespace's listening TCP sockets, as ip:port."""
+    found = []
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            for line in f.readlines()[1:]:
+                local, state = line.split()[1], line.split()[3]
+                if state != "0A":  # LISTEN
+                    continue
+                address, port = local.split(":")
+                raw = bytes.fromhex(address)
+                # /proc writes each 32-bit word in host (little-endian) order.
+                words = b"".join(raw[i:i + 4][::-1] for i in range(0, len(raw), 4))
+                host = ipaddress.ip_address(words)
+                host = getattr(host, "ipv4_mapped", None) or host  # ::ffff:127.0.0.1, a dual-stack socket's
+                found.append(f"{host}:{int(port, 16)}")
+    return found
+
+
+def test_the_clusters_servers_listen_on_loopback_only(cluster, tmp_path):
+    """While the cluster and a run's learner and actors are up, every listening socket (Ray's
+    own, the learner's) is on loopback: the namespace has no other interface, and nothing
+    listens on an address but loopback's or a wildcard that there means loopback only."""
+    with open("/proc/self/net/dev") as f:  # this namespace's interfaces (/sys shows the host's)
+        interfaces = [line.split(":")[0].strip() for line in f.readlines()[2:]]
+    assert interfaces == ["lo"], interfaces
+    lines: list[str] = []
+    with running_launcher(cluster, tmp_path / "run") as process:
+        address = read_until(process, r"serving (\S+), logdir", lines).group(1)
+        assert address.startswith("127.0.0.1:"), address  # --bind=127.0.0.1: what actors dial
+        read_until(process, r"trainer [1-9]", lines)
+        sockets = listening_sockets()
+        process.send_signal(signal.SIGINT)
+        process.communicate(timeout=120)
+    assert address in sockets
+    for socket_address in sockets:
+        host = ipaddress.ip_address(socket_address.rsplit(":", 1)[0])
+        assert host.is_loopback or host.is_unspecified, sockets
+
+
 def test_ray_restarts_a_killed_actor_which_rejoins_and_ctrl_c_stops_everything(cluster, tmp_path):
+    """With no token of the user's: the run makes its own, so a client with the proto alone
+    is refused, and the actors (a restarted one included) get it through Ray."""
     lines: list[str] = []
     with running_launcher(cluster, tmp_path / "run", "--max_restarts=2") as process:
+        address = read_until(process, r"serving (\S+), logdir", lines).group(1)
+        with grpc.insecure_channel(address) as channel, pytest.raises(grpc.RpcError) as refused:
+            pb_grpc.LearnerStub(channel).GetRunInfo(pb.RunInfoRequest(), timeout=30)
+        assert refused.value.code() == grpc.StatusCode.UNAUTHENTICATED, refused.value
         pid = int(read_until(process, r"actor-1 started: pid (\d+)", lines).group(1))
         read_until(process, r"trainer [1-9]", lines)  # training is under way
         os.kill(pid, signal.SIGKILL)
