@@ -73,9 +73,6 @@ class ProblemConfig(LossConfig):
     def __post_init__(self):
         check_choice("algorithm", self.algorithm, sorted(ALGORITHMS))  # registered ones, users' included
         super().__post_init__()
-        unread = unread_setting(self, _defaults_of(type(self)))
-        if unread:
-            raise ValueError(unread)
         check_range("teacher_forcing_fraction", self.teacher_forcing_fraction, low=0, high=1)
         check_range("learning_rate", self.learning_rate, low=0, low_open=True)
         check_choice("learning_rate_schedule", self.learning_rate_schedule, SCHEDULES)
@@ -114,6 +111,13 @@ class Problem:
 
     def __init__(self, config: Any = None):
         self.config = config if config is not None else self.Config()
+        # Here, not in the config's __post_init__: an algorithm may dataclasses.replace the
+        # config with values of its own (GRPO turns normalize_advantages off), and that is
+        # no user's setting.
+        unread = dataclasses.is_dataclass(self.config) and unread_setting(self.config,
+                                                                           _defaults_of(type(self.config)))
+        if unread:
+            raise ValueError(unread)
 
     @classmethod
     def from_hparams(cls, overrides: Mapping[str, str]) -> Problem:
