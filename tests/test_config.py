@@ -140,3 +140,11 @@ def test_a_setting_the_algorithm_never_reads_is_refused_by_name(algorithm, read,
     with pytest.raises(ValueError, match=rf"^{name}={value} does nothing under algorithm={algorithm}: only "
                                          rf"{readers} read it"):
         load_problem("cartpole", {"algorithm": algorithm, name: str(value)})
+
+
+def test_an_algorithm_may_replace_settings_in_its_own_loss():
+    """GRPO's loss turns normalize_advantages off with dataclasses.replace: no user's setting,
+    so nothing is refused (checked in __post_init__, it failed every GRPO run's first update)."""
+    problem = load_problem("cartpole", {"algorithm": "grpo", "group_size": "2"})
+    replaced = dataclasses.replace(problem.config, baseline_cost=0.0, normalize_advantages=False)
+    assert replaced.normalize_advantages is False and replaced.algorithm == "grpo"
