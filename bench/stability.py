@@ -110,7 +110,8 @@ def train_in(seed: int, logdir: str) -> Run:
         final = curve[-1][1]
     else:
         with open(os.path.join(logdir, "summary.json")) as f:
-            final = json.load(f)["mean_episode_return"]
+            final = json.load(f)["mean_episode_return"]  # null: no episode in the window
+        final = float("nan") if final is None else final
     reached_at = next((step for step, value in curve if at_least(value, FLAGS.target)), None)
     lowest = min((value for step, value in curve if step >= reached_at), default=None) \
         if reached_at is not None else None

@@ -76,8 +76,9 @@ class Progress:
             self._unprinted = None
 
 
-def _number(value: float, digits: int = 1) -> str:
-    return "-" if math.isnan(value) else f"{value:.{digits}f}"
+def _number(value: float | None, digits: int = 1) -> str:
+    """A figure, or "-" for none: NaN in a status, null in summary.json (strict JSON)."""
+    return "-" if value is None or math.isnan(value) else f"{value:.{digits}f}"
 
 
 def print_summary(s: Mapping[str, Any]) -> None:

@@ -1,6 +1,6 @@
 """The launchers' progress line."""
 
-from fleetrl.launch.progress import Progress
+from fleetrl.launch.progress import Progress, print_summary
 from fleetrl.proto import learner_pb2 as pb
 
 
@@ -27,3 +27,11 @@ def test_a_warm_start_shows_its_loss_and_an_eval_round_its_best_metric(capsys):
     progress.show(pb.Status(env_steps=400, episodes=3, mean_episode_return=1.0, losses={"total": 0.5}))
     progress.end()
     assert "loss" not in capsys.readouterr().out  # episodes to show: their return is the figure to watch
+
+
+def test_a_summary_without_episodes_prints_a_dash_for_its_mean_return(capsys):
+    """summary.json writes a NaN mean as null (strict JSON); a run that ended before any
+    episode, a teacher-forced warm start say, prints its summary all the same."""
+    print_summary({"reason": "budget reached", "env_steps": 9931, "episodes": 0, "return_window": 100,
+                   "mean_episode_return": None, "returns_in_window": 0, "trainer_steps": 574, "wall_s": 63.0})
+    assert "mean return of the last 100 - | trainer steps 574" in capsys.readouterr().out
