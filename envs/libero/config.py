@@ -7,13 +7,20 @@ location, without importing it, and defaults MuJoCo to headless EGL rendering.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
+import logging
 import os
 
 from fleetrl.common.extras import MissingExtra
 from fleetrl.common.files import atomic_write_text
 
 DEFAULT_CONFIG_DIR = os.path.join(os.path.expanduser("~"), ".fleetrl", "libero")
+# LIBERO's init states are placements that the settling steps drop, and MuJoCo 3.4 changed a
+# box-box contact and with it where LIBERO-Spatial task 5's bowl lands (docs/libero.md).
+SETTLES_AS_RECORDED_BELOW = (3, 4)
+
+log = logging.getLogger(__name__)
 
 
 class LiberoNotInstalled(MissingExtra):
@@ -44,7 +51,27 @@ def prepare_libero(config_dir: str | None = None, mujoco_gl: str = "egl") -> str
                    "init_states": os.path.join(root, "init_files"), "datasets": os.path.join(config_dir, "datasets"),
                    "assets": os.path.join(root, "assets")}
         atomic_write_text(path, "".join(f"{key}: {value}\n" for key, value in entries.items()))
+    try:
+        warning = mujoco_settling_warning(importlib.metadata.version("mujoco"))
+    except importlib.metadata.PackageNotFoundError:  # libero's own import then says what is missing
+        warning = None
+    if warning:
+        log.warning(warning)
     return path
+
+
+def mujoco_settling_warning(version: str) -> str | None:
+    """A warning for a MuJoCo whose settling differs from the one LIBERO's scores were made
+    with; None for one that settles as recorded."""
+    try:
+        major_minor = tuple(int(part) for part in version.split(".")[:2])
+    except ValueError:
+        return f"cannot read MuJoCo's version {version!r}; LIBERO's init states settle as recorded only below 3.4"
+    if major_minor < SETTLES_AS_RECORDED_BELOW:
+        return None
+    return (f"MuJoCo {version} settles LIBERO's init states differently from the versions below 3.4 that "
+            "published LIBERO scores used (libero_spatial task 5's bowl lands off its ramekin); install "
+            "mujoco==3.3.7 as fleetrl's libero extra pins it, see docs/libero.md")
 
 
 def _points_at(path: str, root: str) -> bool:

@@ -45,6 +45,7 @@ import numpy as np
 from fleetrl.envs.libero.camera_gate import CameraGate, make_current, renew_render_context, set_msaa
 from fleetrl.envs.libero.config import prepare_libero
 from fleetrl.envs.libero.light_meshes import DecimatedFaces, decimate_visual_meshes
+from fleetrl.envs.libero.object_poses import init_state_qpos, object_poses, object_speeds
 from fleetrl.envs.libero.reset_states import ResetStates
 
 SUITES = ("libero_spatial", "libero_object", "libero_goal", "libero_10", "libero_90")
@@ -182,6 +183,21 @@ class LiberoEnv(gym.Env):
         self.steps, self.succeeded, self.episode_return, self.reset_state_id = 0, False, 0.0, reset_state_id
         self.observation_wanted = True
         return self._observe(raw), {"task_id": self.task, "reset_state_id": reset_state_id}
+
+    def object_poses(self) -> dict[str, np.ndarray]:
+        """Each free object's pose now, (x, y, z, qw, qx, qy, qz) by its name in the task."""
+        return object_poses(self._sim.env)
+
+    def object_speeds(self) -> dict[str, float]:
+        """Each free object's linear speed now, in m/s."""
+        return object_speeds(self._sim.env)
+
+    def init_object_poses(self) -> dict[str, np.ndarray]:
+        """Each free object's pose in the current episode's recorded init state, before the
+        settling steps moved it."""
+        index, trial = self.reset_states.task_trial(self.reset_state_id)
+        qpos = init_state_qpos(self._init_states[index][trial], self._sim.env.sim.model.nq)
+        return object_poses(self._sim.env, qpos)
 
     def _render_next(self, wanted: bool) -> bool:
         """Opens the cameras for the next simulator step if its images are wanted (always,
