@@ -16,7 +16,7 @@ import torch
 from absl import app, flags
 
 from fleetrl.envs.action_chunks import ACTION_REWARDS, ACTIONS_EXECUTED
-from fleetrl.learner.inference import PolicyVersion
+from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.trainer import Trainer
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.registry import load_problem

@@ -24,7 +24,7 @@ from absl import app, flags
 
 from fleetrl.bench.trainer import synthetic_batches
 from fleetrl.learner.data_parallel import DataParallel
-from fleetrl.learner.inference import PolicyVersion
+from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.sharded import ShardedAgent
 from fleetrl.learner.trainer import Trainer
 from fleetrl.problems.registry import load_problem

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from absl import app, flags
 
-from fleetrl.learner.inference import PolicyVersion
+from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.trainer import Trainer
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.registry import load_problem

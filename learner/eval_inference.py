@@ -51,8 +51,9 @@ class EvalInference:
         return replies
 
     def _act(self, agent: Agent, requests: Sequence[StepRequest]) -> dict[str, np.ndarray]:
-        first, state, prev_action = self.store.lookup(*joined_ids(requests))
-        step = BatchedSteps.of(requests, first, self.transfer)
+        ids = joined_ids(requests)
+        first, state, prev_action = self.store.lookup(*ids)
+        step = BatchedSteps.of(requests, ids, first, self.transfer)
         obs = {**step.observation, **{f"prev_action/{k}": v for k, v in prev_action.items()}}
         with torch.inference_mode():
             out, new_state = agent.step(obs, step.rows["first"], state)

@@ -15,7 +15,6 @@ sent back cross to the host.
 from __future__ import annotations
 
 import dataclasses
-import threading
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -24,6 +23,7 @@ import torch
 from fleetrl.agents.base import Agent
 from fleetrl.learner.device_transfer import DeviceTransfer
 from fleetrl.learner.env_state_store import EnvStateStore
+from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.losses.batch import ACTION, EXTRA, OBSERVATION, Unroll
 from fleetrl.problems.base import Problem
 
@@ -63,9 +63,11 @@ class BatchedSteps:
         return len(self.slots)
 
     @staticmethod
-    def of(requests: Sequence[StepRequest], first: np.ndarray, transfer: DeviceTransfer) -> BatchedSteps:
-        """`first`: the joined requests' first flags (`EnvStateStore.lookup`), which travel with them."""
-        slots, run_ids = joined_ids(requests)
+    def of(requests: Sequence[StepRequest], ids: tuple[np.ndarray, np.ndarray], first: np.ndarray,
+           transfer: DeviceTransfer) -> BatchedSteps:
+        """`ids`: the requests' `joined_ids`; `first`: their first flags (`EnvStateStore.lookup`),
+        which travel with them."""
+        slots, run_ids = ids
         terminated = np.concatenate([r.terminated for r in requests])
         truncated = np.concatenate([r.truncated for r in requests])
         blocks = {OBSERVATION + k: [r.observation[k] for r in requests] for k in requests[0].observation}
@@ -91,16 +93,6 @@ def split_rows(arrays: dict[str, np.ndarray], requests: Sequence[StepRequest]) -
     return [{k: v[a:b] for k, v in arrays.items()} for a, b in zip(bounds[:-1], bounds[1:])]
 
 
-class PolicyVersion:
-    """The model's version (its optimizer steps so far), and the lock that keeps inference
-    from reading a half-updated model."""
-
-    def __init__(self):
-        # Reentrant: a blocking trainer holds it across an update whose steps take it again.
-        self.lock = threading.RLock()
-        self.version = 0
-
-
 class InferenceStep:
     def __init__(self, problem: Problem, agent: Agent, policy: PolicyVersion, store: EnvStateStore,
                  emit_unroll: Callable[[Unroll], bool], device: torch.device, transfer: str = "auto"):
@@ -116,8 +108,9 @@ class InferenceStep:
         self.batch_envs = 0
 
     def __call__(self, requests: Sequence[StepRequest]) -> list[dict[str, np.ndarray]]:
-        first, state, prev_action = self.store.lookup(*joined_ids(requests))
-        step = BatchedSteps.of(requests, first, self.transfer)
+        ids = joined_ids(requests)
+        first, state, prev_action = self.store.lookup(*ids)
+        step = BatchedSteps.of(requests, ids, first, self.transfer)
         obs = {**step.observation, **{f"prev_action/{k}": v for k, v in prev_action.items()}}
         with self.policy.lock, torch.inference_mode():
             version = self.policy.version

@@ -46,7 +46,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 
 from fleetrl.agents.base import Agent
 from fleetrl.learner.data_parallel import DataParallel, collective
-from fleetrl.learner.inference import PolicyVersion
+from fleetrl.learner.policy_version import PolicyVersion
 
 log = logging.getLogger(__name__)
 

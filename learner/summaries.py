@@ -24,8 +24,9 @@ from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
-from fleetrl.learner.inference import InferenceStep, PolicyVersion
+from fleetrl.learner.inference import InferenceStep
 from fleetrl.learner.metrics import ScalarMeans
+from fleetrl.learner.policy_version import PolicyVersion
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,7 @@ import torch
 
 from fleetrl.agents.base import Agent
 from fleetrl.learner.data_parallel import DataParallel
-from fleetrl.learner.inference import PolicyVersion
+from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.sharded import ShardedAgent, whole
 from fleetrl.learner.state_trust_region import StateTrustRegion
 from fleetrl.learner.unroll_recorder import UnrollRecorder

@@ -30,10 +30,11 @@ from fleetrl.learner.episode_accounts import EpisodeAccounts
 from fleetrl.learner.eval_inference import EvalInference
 from fleetrl.learner.eval_results import EvalResults
 from fleetrl.learner.eval_rounds import EvalRounds, frozen_copy
-from fleetrl.learner.inference import InferenceStep, PolicyVersion
+from fleetrl.learner.inference import InferenceStep
 from fleetrl.learner.inference_batcher import InferenceBatcher
 from fleetrl.learner.metric_rules import MetricRules
 from fleetrl.learner.metrics import EpisodeWindow, RateMeter, ScalarMeans
+from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.rank_sync import RankSync
 from fleetrl.learner.run_files import RunSummary, rank_logdir, write_run_config
 from fleetrl.learner.run_report import run_status, run_summary

@@ -36,8 +36,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.env_state_store import build_state_store
-from fleetrl.learner.inference import InferenceStep, PolicyVersion, StepRequest
+from fleetrl.learner.inference import InferenceStep, StepRequest
 from fleetrl.learner.learner import Learner
+from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb

@@ -9,7 +9,8 @@ import torch.multiprocessing as mp
 
 from fleetrl.learner.data_parallel import DataParallel
 from fleetrl.learner.env_state_store import build_state_store
-from fleetrl.learner.inference import InferenceStep, PolicyVersion, StepRequest
+from fleetrl.learner.inference import InferenceStep, StepRequest
+from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.sharded import ShardedAgent
 from fleetrl.learner.trainer import Trainer
 from fleetrl.losses.batch import UnrollBatch

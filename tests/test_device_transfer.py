@@ -8,7 +8,8 @@ import torch
 
 from fleetrl.learner.device_transfer import DeviceTransfer
 from fleetrl.learner.env_state_store import build_state_store
-from fleetrl.learner.inference import InferenceStep, PolicyVersion, StepRequest
+from fleetrl.learner.inference import InferenceStep, StepRequest
+from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.problems.registry import load_problem
 
 

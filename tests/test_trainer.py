@@ -5,7 +5,7 @@ import threading
 import pytest
 import torch
 
-from fleetrl.learner.inference import PolicyVersion
+from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.trainer import Trainer
 from fleetrl.losses.ppo import categorical_kl
 from fleetrl.problems import load_problem
