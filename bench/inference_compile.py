@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from absl import app, flags
 
-from fleetrl.learner.env_state_store import build_state_store
+from fleetrl.learner.inference.env_state_store import build_state_store
 from fleetrl.problems.registry import load_problem
 
 FLAGS = flags.FLAGS

@@ -27,8 +27,8 @@ from absl import app, flags
 
 from fleetrl.actor.extras import vector_extras
 from fleetrl.envs.vector import make_vector_env
-from fleetrl.learner.env_state_store import build_state_store
-from fleetrl.learner.inference import InferenceStep, StepRequest
+from fleetrl.learner.inference.env_state_store import build_state_store
+from fleetrl.learner.inference.inference_step import InferenceStep, StepRequest
 from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.trainer import Trainer
 from fleetrl.losses.batch import UnrollBatch

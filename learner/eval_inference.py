@@ -15,9 +15,9 @@ import numpy as np
 import torch
 
 from fleetrl.agents.base import Agent
-from fleetrl.learner.device_transfer import DeviceTransfer
-from fleetrl.learner.env_state_store import EnvStateStore
-from fleetrl.learner.inference import BatchedSteps, StepRequest, joined_ids, split_rows
+from fleetrl.learner.inference.device_transfer import DeviceTransfer
+from fleetrl.learner.inference.env_state_store import EnvStateStore
+from fleetrl.learner.inference.inference_step import BatchedSteps, StepRequest, joined_ids, split_rows
 from fleetrl.problems.base import Problem
 
 

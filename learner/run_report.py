@@ -9,7 +9,7 @@ from typing import Protocol
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.connected_actors import ConnectedActors
 from fleetrl.learner.eval_rounds import EvalRounds
-from fleetrl.learner.inference import InferenceStep
+from fleetrl.learner.inference.inference_step import InferenceStep
 from fleetrl.learner.metrics import RateMeter
 from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.rank_sync import RankSync

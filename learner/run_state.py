@@ -42,7 +42,7 @@ from fleetrl.learner.checkpoint import (
 )
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.eval_rounds import EvalRounds
-from fleetrl.learner.inference import InferenceStep
+from fleetrl.learner.inference.inference_step import InferenceStep
 from fleetrl.learner.metrics import EpisodeWindow
 from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.rank_sync import RankSync

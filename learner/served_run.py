@@ -8,10 +8,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from fleetrl.learner.connected_actors import ConnectedActors
-from fleetrl.learner.env_state_store import EnvStateStore
 from fleetrl.learner.episode_accounts import EpisodeAccounts
 from fleetrl.learner.eval_rounds import EvalResult, EvalRounds
-from fleetrl.learner.inference_batcher import InferenceBatcher
+from fleetrl.learner.inference.env_state_store import EnvStateStore
+from fleetrl.learner.inference.inference_batcher import InferenceBatcher
 from fleetrl.learner.metric_rules import MetricRules
 from fleetrl.learner.metrics import EpisodeWindow, ScalarMeans
 from fleetrl.learner.step_ledger import StepLedger

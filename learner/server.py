@@ -29,7 +29,7 @@ import grpc
 import numpy as np
 
 from fleetrl.learner.connected_actors import ActorStream
-from fleetrl.learner.inference_batcher import BatcherStopped
+from fleetrl.learner.inference.inference_batcher import BatcherStopped
 from fleetrl.learner.inference_failures import InferenceFailures
 from fleetrl.learner.metric_rules import MAX_NAME_BYTES
 from fleetrl.learner.served_run import ServedRun

@@ -22,7 +22,7 @@ import numpy as np
 
 from fleetrl.learner.episode_accounts import vouch
 from fleetrl.learner.eval_inference import EvalRequest
-from fleetrl.learner.inference import StepRequest
+from fleetrl.learner.inference.inference_step import StepRequest
 from fleetrl.learner.served_run import ServedRun, episode_tag
 from fleetrl.learner.wire_messages import Episode, WireDecoder
 from fleetrl.problems.base import TRAIN

@@ -24,7 +24,7 @@ from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
-from fleetrl.learner.inference import InferenceStep
+from fleetrl.learner.inference.inference_step import InferenceStep
 from fleetrl.learner.metrics import ScalarMeans
 from fleetrl.learner.policy_version import PolicyVersion
 

@@ -25,13 +25,13 @@ import torch
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.connected_actors import ConnectedActors
 from fleetrl.learner.data_parallel import DataParallel
-from fleetrl.learner.env_state_store import build_state_store
 from fleetrl.learner.episode_accounts import EpisodeAccounts
 from fleetrl.learner.eval_inference import EvalInference
 from fleetrl.learner.eval_results import EvalResults
 from fleetrl.learner.eval_rounds import EvalRounds, frozen_copy
-from fleetrl.learner.inference import InferenceStep
-from fleetrl.learner.inference_batcher import InferenceBatcher
+from fleetrl.learner.inference.env_state_store import build_state_store
+from fleetrl.learner.inference.inference_batcher import InferenceBatcher
+from fleetrl.learner.inference.inference_step import InferenceStep
 from fleetrl.learner.metric_rules import MetricRules
 from fleetrl.learner.metrics import EpisodeWindow, RateMeter, ScalarMeans
 from fleetrl.learner.policy_version import PolicyVersion

@@ -16,7 +16,7 @@ from typing import Any, NamedTuple
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from fleetrl.learner.inference import StepRequest
+from fleetrl.learner.inference.inference_step import StepRequest
 from fleetrl.learner.served_run import ServedRun
 from fleetrl.problems.base import TRAIN
 from fleetrl.proto import PROTOCOL_VERSION

@@ -35,8 +35,8 @@ import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.env_state_store import build_state_store
-from fleetrl.learner.inference import InferenceStep, StepRequest
+from fleetrl.learner.inference.env_state_store import build_state_store
+from fleetrl.learner.inference.inference_step import InferenceStep, StepRequest
 from fleetrl.learner.learner import Learner
 from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.losses.batch import UnrollBatch

@@ -8,8 +8,8 @@ import torch
 import torch.multiprocessing as mp
 
 from fleetrl.learner.data_parallel import DataParallel
-from fleetrl.learner.env_state_store import build_state_store
-from fleetrl.learner.inference import InferenceStep, StepRequest
+from fleetrl.learner.inference.env_state_store import build_state_store
+from fleetrl.learner.inference.inference_step import InferenceStep, StepRequest
 from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.sharded import ShardedAgent
 from fleetrl.learner.trainer import Trainer

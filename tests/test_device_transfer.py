@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from fleetrl.learner.device_transfer import DeviceTransfer
-from fleetrl.learner.env_state_store import build_state_store
-from fleetrl.learner.inference import InferenceStep, StepRequest
+from fleetrl.learner.inference.device_transfer import DeviceTransfer
+from fleetrl.learner.inference.env_state_store import build_state_store
+from fleetrl.learner.inference.inference_step import InferenceStep, StepRequest
 from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.problems.registry import load_problem
 

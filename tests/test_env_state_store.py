@@ -3,7 +3,7 @@
 import numpy as np
 import torch
 
-from fleetrl.learner.env_state_store import EnvStateStore
+from fleetrl.learner.inference.env_state_store import EnvStateStore
 
 T = 3  # unroll length: unrolls hold T+1 steps
 

@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from fleetrl.learner.inference_batcher import BatcherStopped, InferenceBatcher
+from fleetrl.learner.inference.inference_batcher import BatcherStopped, InferenceBatcher
 
 
 @pytest.fixture

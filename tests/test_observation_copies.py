@@ -14,8 +14,8 @@ import numpy as np
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from fleetrl.learner.env_state_store import build_state_store
-from fleetrl.learner.inference import InferenceStep, StepRequest
+from fleetrl.learner.inference.env_state_store import build_state_store
+from fleetrl.learner.inference.inference_step import InferenceStep, StepRequest
 from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.registry import load_problem

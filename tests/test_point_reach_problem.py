@@ -8,8 +8,8 @@ import torch
 
 pytest.importorskip("transformers", reason="the vlm extra (make install puts it in)")
 
-from fleetrl.learner.env_state_store import build_state_store  # noqa: E402
-from fleetrl.learner.inference import InferenceStep, StepRequest
+from fleetrl.learner.inference.env_state_store import build_state_store  # noqa: E402
+from fleetrl.learner.inference.inference_step import InferenceStep, StepRequest
 from fleetrl.learner.policy_version import PolicyVersion  # noqa: E402
 from fleetrl.learner.trainer import Trainer  # noqa: E402
 from fleetrl.losses.batch import UnrollBatch  # noqa: E402

@@ -10,8 +10,8 @@ from fleetrl.actor.extras import vector_extras
 from fleetrl.envs.grid_nav import GridNavEnv
 from fleetrl.envs.teacher_forcing import TeacherForcingDraws
 from fleetrl.envs.vector import make_vector_env
-from fleetrl.learner.env_state_store import build_state_store
-from fleetrl.learner.inference import InferenceStep, StepRequest
+from fleetrl.learner.inference.env_state_store import build_state_store
+from fleetrl.learner.inference.inference_step import InferenceStep, StepRequest
 from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems import load_problem

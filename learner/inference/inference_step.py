@@ -21,8 +21,8 @@ import numpy as np
 import torch
 
 from fleetrl.agents.base import Agent
-from fleetrl.learner.device_transfer import DeviceTransfer
-from fleetrl.learner.env_state_store import EnvStateStore
+from fleetrl.learner.inference.device_transfer import DeviceTransfer
+from fleetrl.learner.inference.env_state_store import EnvStateStore
 from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.losses.batch import ACTION, EXTRA, OBSERVATION, Unroll
 from fleetrl.problems.base import Problem

@@ -34,7 +34,7 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from fleetrl.learner.tensor_tree import expand_mask
+from fleetrl.learner.inference.tensor_tree import expand_mask
 from fleetrl.losses.batch import ACTION, EXTRA, OBSERVATION, STEP_FIELDS, Unroll
 from fleetrl.problems.base import Problem
 
