@@ -17,7 +17,7 @@ from absl import app, flags
 
 from fleetrl.envs.action_chunks import ACTION_REWARDS, ACTIONS_EXECUTED
 from fleetrl.learner.policy_version import PolicyVersion
-from fleetrl.learner.trainer import Trainer
+from fleetrl.learner.training.trainer import Trainer
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.registry import load_problem
 

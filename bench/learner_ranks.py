@@ -8,7 +8,7 @@ learner ranks do, on gloo over loopback (processes on this machine, one torch th
 Samples are transitions of the whole batch: T x B per update. --slow_rank_delay_ms holds
 the last rank back before each update, to show what a slow rank costs the others. On a machine with fewer
 cores than ranks x 2 the figures say what the all-reduce costs, not how far ranks scale.
---fsdp trains sharded (`fleetrl.learner.sharded`) instead, and times the all-gather that
+--fsdp trains sharded (`fleetrl.learner.training.sharded`) instead, and times the all-gather that
 refreshes inference's whole copy after each optimizer step.
 """
 
@@ -23,10 +23,10 @@ import torch.multiprocessing as mp
 from absl import app, flags
 
 from fleetrl.bench.trainer import synthetic_batches
-from fleetrl.learner.data_parallel import DataParallel
 from fleetrl.learner.policy_version import PolicyVersion
-from fleetrl.learner.sharded import ShardedAgent
-from fleetrl.learner.trainer import Trainer
+from fleetrl.learner.training.data_parallel import DataParallel
+from fleetrl.learner.training.sharded import ShardedAgent
+from fleetrl.learner.training.trainer import Trainer
 from fleetrl.problems.registry import load_problem
 
 FLAGS = flags.FLAGS

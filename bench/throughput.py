@@ -30,7 +30,7 @@ from fleetrl.envs.vector import make_vector_env
 from fleetrl.learner.inference.env_state_store import build_state_store
 from fleetrl.learner.inference.inference_step import InferenceStep, StepRequest
 from fleetrl.learner.policy_version import PolicyVersion
-from fleetrl.learner.trainer import Trainer
+from fleetrl.learner.training.trainer import Trainer
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.registry import load_problem
 from fleetrl.proto import learner_pb2 as pb

@@ -12,12 +12,12 @@ from fleetrl.learner.eval_rounds import EvalRounds
 from fleetrl.learner.inference.inference_step import InferenceStep
 from fleetrl.learner.metrics import RateMeter
 from fleetrl.learner.policy_version import PolicyVersion
-from fleetrl.learner.rank_sync import RankSync
 from fleetrl.learner.run_files import RunSummary
 from fleetrl.learner.served_run import ServedRun
 from fleetrl.learner.step_ledger import StepLedger
 from fleetrl.learner.stop_conditions import StopConditions
-from fleetrl.learner.trainer import Trainer
+from fleetrl.learner.training.rank_sync import RankSync
+from fleetrl.learner.training.trainer import Trainer
 from fleetrl.proto import learner_pb2 as pb
 
 

@@ -45,9 +45,9 @@ from fleetrl.learner.eval_rounds import EvalRounds
 from fleetrl.learner.inference.inference_step import InferenceStep
 from fleetrl.learner.metrics import EpisodeWindow
 from fleetrl.learner.policy_version import PolicyVersion
-from fleetrl.learner.rank_sync import RankSync
-from fleetrl.learner.sharded import ShardedAgent
 from fleetrl.learner.step_ledger import StepLedger
+from fleetrl.learner.training.rank_sync import RankSync
+from fleetrl.learner.training.sharded import ShardedAgent
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import math
 
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.rank_sync import RankSync
 from fleetrl.learner.run_state import RunState
+from fleetrl.learner.training.rank_sync import RankSync
 
 
 class StopConditions:

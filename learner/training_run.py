@@ -24,7 +24,6 @@ import torch
 
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.connected_actors import ConnectedActors
-from fleetrl.learner.data_parallel import DataParallel
 from fleetrl.learner.episode_accounts import EpisodeAccounts
 from fleetrl.learner.eval_inference import EvalInference
 from fleetrl.learner.eval_results import EvalResults
@@ -35,18 +34,19 @@ from fleetrl.learner.inference.inference_step import InferenceStep
 from fleetrl.learner.metric_rules import MetricRules
 from fleetrl.learner.metrics import EpisodeWindow, RateMeter, ScalarMeans
 from fleetrl.learner.policy_version import PolicyVersion
-from fleetrl.learner.rank_sync import RankSync
 from fleetrl.learner.run_files import RunSummary, rank_logdir, write_run_config
 from fleetrl.learner.run_report import run_status, run_summary
 from fleetrl.learner.run_state import RunState
 from fleetrl.learner.served_run import ServedRun
-from fleetrl.learner.sharded import ShardedAgent
 from fleetrl.learner.step_ledger import StepLedger
 from fleetrl.learner.stop_conditions import StopConditions
 from fleetrl.learner.summaries import TrainSummaries
-from fleetrl.learner.trainer import Trainer
-from fleetrl.learner.unroll_queue import UnrollQueue
-from fleetrl.learner.unroll_recorder import recorder_for
+from fleetrl.learner.training.data_parallel import DataParallel
+from fleetrl.learner.training.rank_sync import RankSync
+from fleetrl.learner.training.sharded import ShardedAgent
+from fleetrl.learner.training.trainer import Trainer
+from fleetrl.learner.training.unroll_queue import UnrollQueue
+from fleetrl.learner.training.unroll_recorder import recorder_for
 from fleetrl.losses.batch import Unroll, UnrollBatch
 from fleetrl.losses.lr_schedule import LearningRateSchedule
 from fleetrl.problems.base import Problem

@@ -57,8 +57,8 @@ class LossConfig:
     max_state_kl: float | None = setting(
         None, "PPO: after each optimizer step, KL(before || now) on every state of the batch, before being the "
               "policy at the start of the batch's updates; a step that takes any state past this is shortened by "
-              "halves until none is, and ends the batch's updates (fleetrl.learner.state_trust_region; categorical "
-              "policy_logits only). None: off.")
+              "halves until none is, and ends the batch's updates (fleetrl.learner.training.state_trust_region; "
+              "categorical policy_logits only). None: off.")
 
     # Action chunks (fleetrl.losses.chunks).
     reward_type: str = setting("chunk_level", "With action chunks: chunk_level trains on one reward per step (the "

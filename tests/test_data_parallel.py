@@ -7,12 +7,12 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from fleetrl.learner.data_parallel import DataParallel
 from fleetrl.learner.inference.env_state_store import build_state_store
 from fleetrl.learner.inference.inference_step import InferenceStep, StepRequest
 from fleetrl.learner.policy_version import PolicyVersion
-from fleetrl.learner.sharded import ShardedAgent
-from fleetrl.learner.trainer import Trainer
+from fleetrl.learner.training.data_parallel import DataParallel
+from fleetrl.learner.training.sharded import ShardedAgent
+from fleetrl.learner.training.trainer import Trainer
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems import load_problem
 
@@ -178,7 +178,7 @@ def test_fsdp_without_learner_ranks_is_refused_by_name(tmp_path):
 
 def gather_ledgers(rank: int, init_file: str, out: str, ledgers: list):
     from fleetrl.learner.metrics import EpisodeWindow
-    from fleetrl.learner.rank_sync import RankSync
+    from fleetrl.learner.training.rank_sync import RankSync
 
     data_parallel = DataParallel(rank, 2, CPU, timeout_s=60, init_method=f"file://{init_file}")
     try:

@@ -8,7 +8,7 @@ import torch
 from fleetrl.agents.conv_lstm import ConvLSTMAgent
 from fleetrl.agents.observation_norm import RunningImageNorm
 from fleetrl.learner.policy_version import PolicyVersion
-from fleetrl.learner.trainer import Trainer
+from fleetrl.learner.training.trainer import Trainer
 from fleetrl.problems import load_problem
 
 

@@ -11,7 +11,7 @@ pytest.importorskip("transformers", reason="the vlm extra (make install puts it 
 from fleetrl.learner.inference.env_state_store import build_state_store  # noqa: E402
 from fleetrl.learner.inference.inference_step import InferenceStep, StepRequest
 from fleetrl.learner.policy_version import PolicyVersion  # noqa: E402
-from fleetrl.learner.trainer import Trainer  # noqa: E402
+from fleetrl.learner.training.trainer import Trainer  # noqa: E402
 from fleetrl.losses.batch import UnrollBatch  # noqa: E402
 from fleetrl.problems import load_problem  # noqa: E402
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from fleetrl.learner.policy_version import PolicyVersion
-from fleetrl.learner.trainer import Trainer
+from fleetrl.learner.training.trainer import Trainer
 from fleetrl.losses.ppo import categorical_kl
 from fleetrl.problems import load_problem
 

@@ -10,7 +10,7 @@ through one process group (gloo on CPU, NCCL on GPU):
   (the all-reduce that DDP does; done here because an agent's training entry point is
   `unroll`, not `forward`), so every rank takes the same optimizer step;
 - once per batch, the ranks agree on whether to stop and on the fleet's counts
-  (`fleetrl.learner.rank_sync`), so the learning-rate schedule and the step budget see
+  (`fleetrl.learner.training.rank_sync`), so the learning-rate schedule and the step budget see
   the whole fleet.
 
 Ranks train in lockstep: a rank whose actors are slow holds every other rank at its next

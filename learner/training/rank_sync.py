@@ -20,8 +20,8 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from fleetrl.learner.data_parallel import collective
 from fleetrl.learner.metrics import EpisodeWindow
+from fleetrl.learner.training.data_parallel import collective
 
 
 class RanksDiverged(RuntimeError):

@@ -10,7 +10,7 @@ section as short as an optimizer step.
 
 With learner ranks (`data_parallel`), each optimizer step averages the gradients over the
 ranks first, and a target_kl stop reads the ranks' mean KL, so every rank takes the same
-steps and keeps the same weights. With `sharded` (FSDP, `fleetrl.learner.sharded`), the
+steps and keeps the same weights. With `sharded` (FSDP, `fleetrl.learner.training.sharded`), the
 trainer steps a sharded twin of the agent instead, whose gradients FSDP averages, and
 publishes each step's weights to inference's copy under the lock.
 
@@ -27,11 +27,11 @@ import dataclasses
 import torch
 
 from fleetrl.agents.base import Agent
-from fleetrl.learner.data_parallel import DataParallel
 from fleetrl.learner.policy_version import PolicyVersion
-from fleetrl.learner.sharded import ShardedAgent, whole
-from fleetrl.learner.state_trust_region import StateTrustRegion
-from fleetrl.learner.unroll_recorder import UnrollRecorder
+from fleetrl.learner.training.data_parallel import DataParallel
+from fleetrl.learner.training.sharded import ShardedAgent, whole
+from fleetrl.learner.training.state_trust_region import StateTrustRegion
+from fleetrl.learner.training.unroll_recorder import UnrollRecorder
 from fleetrl.losses.batch import UnrollBatch
 from fleetrl.problems.base import Problem
 

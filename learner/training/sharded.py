@@ -45,8 +45,8 @@ from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 from torch.distributed.tensor import DTensor, distribute_tensor
 
 from fleetrl.agents.base import Agent
-from fleetrl.learner.data_parallel import DataParallel, collective
 from fleetrl.learner.policy_version import PolicyVersion
+from fleetrl.learner.training.data_parallel import DataParallel, collective
 
 log = logging.getLogger(__name__)
 
