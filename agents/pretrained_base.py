@@ -64,7 +64,7 @@ class PretrainedBase:
 
     def remember_what_trains(self) -> None:
         """Fixes the parameters a checkpoint keeps to those that train now: an eval snapshot
-        (`fleetrl.learner.eval_rounds.frozen_copy`), whose parameters train no more, must
+        (`fleetrl.learner.evaluation.eval_rounds.frozen_copy`), whose parameters train no more, must
         still save them into best.pt."""
         self._trained_names = frozenset(name for name, p in self.named_parameters() if p.requires_grad)
 

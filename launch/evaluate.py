@@ -28,7 +28,7 @@ from fleetrl.launch.configs import EvaluateConfig
 from fleetrl.launch.episode_recorder import EpisodeRecorder
 from fleetrl.launch.flags import define_flags, from_flags, run_main
 from fleetrl.launch.progress import EpisodeProgress
-from fleetrl.learner.eval_inference import EvalInference, EvalRequest
+from fleetrl.learner.evaluation.eval_inference import EvalInference, EvalRequest
 from fleetrl.learner.inference.env_state_store import build_state_store
 from fleetrl.learner.inference.inference_step import StepRequest
 from fleetrl.learner.saved_policy import load_policy, pretrained_policy

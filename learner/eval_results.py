@@ -23,7 +23,7 @@ from typing import Any
 from torch.utils.tensorboard import SummaryWriter
 
 from fleetrl.common.files import strict_json
-from fleetrl.learner.eval_rounds import EvalResult
+from fleetrl.learner.evaluation.eval_rounds import EvalResult
 from fleetrl.learner.run_state import RunState
 from fleetrl.learner.summaries import close_writer
 

@@ -8,7 +8,7 @@ from typing import Protocol
 
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.connected_actors import ConnectedActors
-from fleetrl.learner.eval_rounds import EvalRounds
+from fleetrl.learner.evaluation.eval_rounds import EvalRounds
 from fleetrl.learner.inference.inference_step import InferenceStep
 from fleetrl.learner.metrics import RateMeter
 from fleetrl.learner.policy_version import PolicyVersion

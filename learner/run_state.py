@@ -41,7 +41,7 @@ from fleetrl.learner.checkpoint import (
     resolve_checkpoint,
 )
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.eval_rounds import EvalRounds
+from fleetrl.learner.evaluation.eval_rounds import EvalRounds
 from fleetrl.learner.inference.inference_step import InferenceStep
 from fleetrl.learner.metrics import EpisodeWindow
 from fleetrl.learner.policy_version import PolicyVersion

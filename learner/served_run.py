@@ -9,7 +9,7 @@ from typing import Any, Protocol
 
 from fleetrl.learner.connected_actors import ConnectedActors
 from fleetrl.learner.episode_accounts import EpisodeAccounts
-from fleetrl.learner.eval_rounds import EvalResult, EvalRounds
+from fleetrl.learner.evaluation.eval_rounds import EvalResult, EvalRounds
 from fleetrl.learner.inference.env_state_store import EnvStateStore
 from fleetrl.learner.inference.inference_batcher import InferenceBatcher
 from fleetrl.learner.metric_rules import MetricRules

@@ -21,7 +21,7 @@ import time
 import numpy as np
 
 from fleetrl.learner.episode_accounts import vouch
-from fleetrl.learner.eval_inference import EvalRequest
+from fleetrl.learner.evaluation.eval_inference import EvalRequest
 from fleetrl.learner.inference.inference_step import StepRequest
 from fleetrl.learner.served_run import ServedRun, episode_tag
 from fleetrl.learner.wire_messages import Episode, WireDecoder

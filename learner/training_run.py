@@ -25,9 +25,9 @@ import torch
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.connected_actors import ConnectedActors
 from fleetrl.learner.episode_accounts import EpisodeAccounts
-from fleetrl.learner.eval_inference import EvalInference
 from fleetrl.learner.eval_results import EvalResults
-from fleetrl.learner.eval_rounds import EvalRounds, frozen_copy
+from fleetrl.learner.evaluation.eval_inference import EvalInference
+from fleetrl.learner.evaluation.eval_rounds import EvalRounds, frozen_copy
 from fleetrl.learner.inference.env_state_store import build_state_store
 from fleetrl.learner.inference.inference_batcher import InferenceBatcher
 from fleetrl.learner.inference.inference_step import InferenceStep

@@ -13,7 +13,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from fleetrl.launch.progress import EpisodeProgress
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.eval_rounds import EvalRounds
+from fleetrl.learner.evaluation.eval_rounds import EvalRounds
 
 
 class Clock:

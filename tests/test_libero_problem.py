@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from fleetrl.learner.eval_rounds import EvalRounds
+from fleetrl.learner.evaluation.eval_rounds import EvalRounds
 from fleetrl.problems import load_problem
 
 

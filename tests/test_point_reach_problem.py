@@ -97,7 +97,7 @@ def test_an_update_trains_only_what_trains_and_the_checkpoint_holds_it(hparams, 
     assert saved == {n for n in before if n in trainable or not n.startswith("pi0.")} | {"base_fingerprint"}
     agent.load_state_dict(agent.state_dict())
     # An eval round's snapshot (whose state_dict is best.pt) saves the same, though nothing trains in it.
-    from fleetrl.learner.eval_rounds import frozen_copy
+    from fleetrl.learner.evaluation.eval_rounds import frozen_copy
 
     snapshot = frozen_copy(agent)
     assert set(snapshot.state_dict()) == saved

@@ -369,7 +369,7 @@ def test_teacher_forced_envs_are_not_generated_for_and_play_the_oracle(monkeypat
 
 
 def test_an_eval_snapshot_shares_the_frozen_base_and_copies_what_trains():
-    from fleetrl.learner.eval_rounds import frozen_copy
+    from fleetrl.learner.evaluation.eval_rounds import frozen_copy
 
     problem = numberline()
     agent = problem.make_agent()
