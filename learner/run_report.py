@@ -6,15 +6,15 @@ from __future__ import annotations
 import math
 from typing import Protocol
 
+from fleetrl.learner.accounting.metrics import RateMeter
+from fleetrl.learner.accounting.step_ledger import StepLedger
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.connected_actors import ConnectedActors
 from fleetrl.learner.evaluation.eval_rounds import EvalRounds
 from fleetrl.learner.inference.inference_step import InferenceStep
-from fleetrl.learner.metrics import RateMeter
 from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.run_files import RunSummary
 from fleetrl.learner.served_run import ServedRun
-from fleetrl.learner.step_ledger import StepLedger
 from fleetrl.learner.stop_conditions import StopConditions
 from fleetrl.learner.training.rank_sync import RankSync
 from fleetrl.learner.training.trainer import Trainer

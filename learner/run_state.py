@@ -31,6 +31,8 @@ import time
 
 import torch
 
+from fleetrl.learner.accounting.metrics import EpisodeWindow
+from fleetrl.learner.accounting.step_ledger import StepLedger
 from fleetrl.learner.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointDir,
@@ -43,9 +45,7 @@ from fleetrl.learner.checkpoint import (
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.evaluation.eval_rounds import EvalRounds
 from fleetrl.learner.inference.inference_step import InferenceStep
-from fleetrl.learner.metrics import EpisodeWindow
 from fleetrl.learner.policy_version import PolicyVersion
-from fleetrl.learner.step_ledger import StepLedger
 from fleetrl.learner.training.rank_sync import RankSync
 from fleetrl.learner.training.sharded import ShardedAgent
 

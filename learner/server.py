@@ -28,10 +28,10 @@ from typing import NoReturn
 import grpc
 import numpy as np
 
+from fleetrl.learner.accounting.metric_rules import MAX_NAME_BYTES
 from fleetrl.learner.connected_actors import ActorStream
 from fleetrl.learner.inference.inference_batcher import BatcherStopped
 from fleetrl.learner.inference_failures import InferenceFailures
-from fleetrl.learner.metric_rules import MAX_NAME_BYTES
 from fleetrl.learner.served_run import ServedRun
 from fleetrl.learner.step_intake import StepIntake
 from fleetrl.learner.wire_messages import UnreadableMessage, actor_message_reader

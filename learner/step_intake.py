@@ -20,7 +20,7 @@ import time
 
 import numpy as np
 
-from fleetrl.learner.episode_accounts import vouch
+from fleetrl.learner.accounting.episode_accounts import vouch
 from fleetrl.learner.evaluation.eval_inference import EvalRequest
 from fleetrl.learner.inference.inference_step import StepRequest
 from fleetrl.learner.served_run import ServedRun, episode_tag

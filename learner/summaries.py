@@ -24,8 +24,8 @@ from typing import Any
 
 from torch.utils.tensorboard import SummaryWriter
 
+from fleetrl.learner.accounting.metrics import ScalarMeans
 from fleetrl.learner.inference.inference_step import InferenceStep
-from fleetrl.learner.metrics import ScalarMeans
 from fleetrl.learner.policy_version import PolicyVersion
 
 log = logging.getLogger(__name__)

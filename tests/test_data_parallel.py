@@ -177,7 +177,7 @@ def test_fsdp_without_learner_ranks_is_refused_by_name(tmp_path):
 
 
 def gather_ledgers(rank: int, init_file: str, out: str, ledgers: list):
-    from fleetrl.learner.metrics import EpisodeWindow
+    from fleetrl.learner.accounting.metrics import EpisodeWindow
     from fleetrl.learner.training.rank_sync import RankSync
 
     data_parallel = DataParallel(rank, 2, CPU, timeout_s=60, init_method=f"file://{init_file}")

@@ -1,4 +1,4 @@
-"""Episode statistics the learner can vouch for (learner/episode_accounts.py, metric_rules.py).
+"""Episode statistics the learner can vouch for (learner/accounting/episode_accounts.py, metric_rules.py).
 
 The learner sums each train env's rewards and steps itself, counts episodes with its own
 figures, and takes only declared, bounded metrics. The hostile cases come from a client
@@ -20,8 +20,8 @@ import pytest
 from fleetrl.actor.actor import Actor
 from fleetrl.actor.config import ActorConfig
 from fleetrl.actor.episode_tracker import EpisodeTracker
-from fleetrl.learner.episode_accounts import EpisodeAccounts, vouch
-from fleetrl.learner.metric_rules import UNDECLARED_SLOTS, MetricRules
+from fleetrl.learner.accounting.episode_accounts import EpisodeAccounts, vouch
+from fleetrl.learner.accounting.metric_rules import UNDECLARED_SLOTS, MetricRules
 from fleetrl.learner.wire_messages import Episode
 from fleetrl.problems.registry import load_problem
 from fleetrl.proto import learner_pb2 as pb

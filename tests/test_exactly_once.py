@@ -13,7 +13,7 @@ import numpy as np
 
 from fleetrl.actor.actor import Actor
 from fleetrl.actor.config import ActorConfig
-from fleetrl.learner.step_ledger import StepLedger
+from fleetrl.learner.accounting.step_ledger import StepLedger
 from fleetrl.proto import learner_pb2 as pb
 
 

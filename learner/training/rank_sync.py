@@ -20,7 +20,7 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
-from fleetrl.learner.metrics import EpisodeWindow
+from fleetrl.learner.accounting.metrics import EpisodeWindow
 from fleetrl.learner.training.data_parallel import collective
 
 
