@@ -97,7 +97,7 @@ class LearnerConfig:
                                                        "taken, the learner's log names what was taken and what was "
                                                        "not, and a shape that differs is refused with its name.")
 
-    # Security (see fleetrl.learner.security).
+    # Security (see fleetrl.learner.transport.security).
     auth_token_file: str = setting("", "File holding the shared auth token (else $FLEETRL_AUTH_TOKEN); calls "
                                        "without it are refused with UNAUTHENTICATED.")
     tls_cert: str = setting("", "TLS certificate (PEM) of the learner.")

@@ -30,9 +30,9 @@ import time
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.monitor import Monitor
 from fleetrl.learner.run_files import RunSummary, write_summary
-from fleetrl.learner.server import LearnerService
-from fleetrl.learner.serving import LearnerServer
 from fleetrl.learner.training_run import TrainingRun
+from fleetrl.learner.transport.server import LearnerService
+from fleetrl.learner.transport.serving import LearnerServer
 from fleetrl.problems.base import Problem
 
 

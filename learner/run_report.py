@@ -9,15 +9,15 @@ from typing import Protocol
 from fleetrl.learner.accounting.metrics import RateMeter
 from fleetrl.learner.accounting.step_ledger import StepLedger
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.connected_actors import ConnectedActors
 from fleetrl.learner.evaluation.eval_rounds import EvalRounds
 from fleetrl.learner.inference.inference_step import InferenceStep
 from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.run_files import RunSummary
-from fleetrl.learner.served_run import ServedRun
 from fleetrl.learner.stop_conditions import StopConditions
 from fleetrl.learner.training.rank_sync import RankSync
 from fleetrl.learner.training.trainer import Trainer
+from fleetrl.learner.transport.connected_actors import ConnectedActors
+from fleetrl.learner.transport.served_run import ServedRun
 from fleetrl.proto import learner_pb2 as pb
 
 

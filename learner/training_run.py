@@ -27,7 +27,6 @@ from fleetrl.learner.accounting.metric_rules import MetricRules
 from fleetrl.learner.accounting.metrics import EpisodeWindow, RateMeter, ScalarMeans
 from fleetrl.learner.accounting.step_ledger import StepLedger
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.connected_actors import ConnectedActors
 from fleetrl.learner.eval_results import EvalResults
 from fleetrl.learner.evaluation.eval_inference import EvalInference
 from fleetrl.learner.evaluation.eval_rounds import EvalRounds, frozen_copy
@@ -38,7 +37,6 @@ from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.run_files import RunSummary, rank_logdir, write_run_config
 from fleetrl.learner.run_report import run_status, run_summary
 from fleetrl.learner.run_state import RunState
-from fleetrl.learner.served_run import ServedRun
 from fleetrl.learner.stop_conditions import StopConditions
 from fleetrl.learner.summaries import TrainSummaries
 from fleetrl.learner.training.data_parallel import DataParallel
@@ -47,6 +45,8 @@ from fleetrl.learner.training.sharded import ShardedAgent
 from fleetrl.learner.training.trainer import Trainer
 from fleetrl.learner.training.unroll_queue import UnrollQueue
 from fleetrl.learner.training.unroll_recorder import recorder_for
+from fleetrl.learner.transport.connected_actors import ConnectedActors
+from fleetrl.learner.transport.served_run import ServedRun
 from fleetrl.losses.batch import Unroll, UnrollBatch
 from fleetrl.losses.lr_schedule import LearningRateSchedule
 from fleetrl.problems.base import Problem

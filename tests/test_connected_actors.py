@@ -2,7 +2,7 @@
 
 import asyncio
 
-from fleetrl.learner.connected_actors import ConnectedActors
+from fleetrl.learner.transport.connected_actors import ConnectedActors
 from fleetrl.proto import learner_pb2 as pb
 
 

@@ -22,7 +22,7 @@ from fleetrl.actor.config import ActorConfig
 from fleetrl.actor.episode_tracker import EpisodeTracker
 from fleetrl.learner.accounting.episode_accounts import EpisodeAccounts, vouch
 from fleetrl.learner.accounting.metric_rules import UNDECLARED_SLOTS, MetricRules
-from fleetrl.learner.wire_messages import Episode
+from fleetrl.learner.transport.wire_messages import Episode
 from fleetrl.problems.registry import load_problem
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
@@ -287,7 +287,7 @@ def test_a_user_env_that_double_reports_after_an_autoreset_is_counted_at_the_lea
     learner = serve(problem="buggy_user_env:StaleReportProblem", target_mean_return=6.0, return_window=8)
     actor = Actor(ActorConfig(learner_address=learner.address, problem="buggy_user_env:StaleReportProblem",
                               num_envs=4, actor_id="buggy"))
-    with caplog.at_level("WARNING", logger="fleetrl.learner.step_intake"):
+    with caplog.at_level("WARNING", logger="fleetrl.learner.transport.step_intake"):
         actor.run(max_steps=200)
     status = learner.status()
     assert not status.finished, status.finished_reason

@@ -88,7 +88,7 @@ def test_r2r_learns_to_follow_instructions_in_unseen_houses(tmp_path, monkeypatc
 
 
 def test_eval_pictures_that_are_not_rgb_images_are_refused():
-    from fleetrl.learner.wire_messages import decode_images
+    from fleetrl.learner.transport.wire_messages import decode_images
     from fleetrl.proto import learner_pb2 as pb
     from fleetrl.proto.tensors import WireError, encode
 

@@ -29,12 +29,12 @@ import grpc
 import numpy as np
 
 from fleetrl.learner.accounting.metric_rules import MAX_NAME_BYTES
-from fleetrl.learner.connected_actors import ActorStream
 from fleetrl.learner.inference.inference_batcher import BatcherStopped
-from fleetrl.learner.inference_failures import InferenceFailures
-from fleetrl.learner.served_run import ServedRun
-from fleetrl.learner.step_intake import StepIntake
-from fleetrl.learner.wire_messages import UnreadableMessage, actor_message_reader
+from fleetrl.learner.transport.connected_actors import ActorStream
+from fleetrl.learner.transport.inference_failures import InferenceFailures
+from fleetrl.learner.transport.served_run import ServedRun
+from fleetrl.learner.transport.step_intake import StepIntake
+from fleetrl.learner.transport.wire_messages import UnreadableMessage, actor_message_reader
 from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc

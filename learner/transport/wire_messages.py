@@ -17,7 +17,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from fleetrl.learner.inference.inference_step import StepRequest
-from fleetrl.learner.served_run import ServedRun
+from fleetrl.learner.transport.served_run import ServedRun
 from fleetrl.problems.base import TRAIN
 from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb

@@ -11,10 +11,10 @@ from fleetrl.learner.accounting.episode_accounts import EpisodeAccounts
 from fleetrl.learner.accounting.metric_rules import MetricRules
 from fleetrl.learner.accounting.metrics import EpisodeWindow, ScalarMeans
 from fleetrl.learner.accounting.step_ledger import StepLedger
-from fleetrl.learner.connected_actors import ConnectedActors
 from fleetrl.learner.evaluation.eval_rounds import EvalResult, EvalRounds
 from fleetrl.learner.inference.env_state_store import EnvStateStore
 from fleetrl.learner.inference.inference_batcher import InferenceBatcher
+from fleetrl.learner.transport.connected_actors import ConnectedActors
 from fleetrl.losses.unroll_hook import UnrollHook
 from fleetrl.problems.base import TRAIN
 from fleetrl.proto import learner_pb2 as pb

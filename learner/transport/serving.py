@@ -17,8 +17,8 @@ import threading
 import grpc
 
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.security import TokenCheck, server_credentials, server_options
-from fleetrl.learner.server import LearnerService, learner_handler
+from fleetrl.learner.transport.security import TokenCheck, server_credentials, server_options
+from fleetrl.learner.transport.server import LearnerService, learner_handler
 from fleetrl.proto.auth import read_token
 
 log = logging.getLogger(__name__)
