@@ -55,7 +55,7 @@ from fleetrl.bench.soak_checks import (
 from fleetrl.bench.soak_fleet import TrainActors
 from fleetrl.bench.soak_probe import ResendProbe
 from fleetrl.launch.processes import Child, ChildProcesses
-from fleetrl.learner.checkpoint import CheckpointDir
+from fleetrl.learner.run.checkpoint import CheckpointDir
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
 

@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
-from fleetrl.learner.checkpoint import CheckpointError, load_checkpoint
+from fleetrl.learner.run.checkpoint import CheckpointError, load_checkpoint
 
 
 @dataclasses.dataclass(frozen=True)

@@ -21,7 +21,7 @@ from absl import app, flags
 
 from fleetrl.bench.vlm_generation import observations
 from fleetrl.envs.text_actions import decode_text, encode_text
-from fleetrl.learner.saved_policy import load_policy
+from fleetrl.learner.run.saved_policy import load_policy
 
 flags.DEFINE_multi_string("checkpoint", [], "A checkpoint file or a run's logdir (its best.pt, else its latest).")
 flags.DEFINE_integer("states", 300, "Resets to score (NumberLine has 30 distinct start states).")

@@ -37,9 +37,9 @@ from fleetrl.actor.eval_episodes import EvalEpisodes
 from fleetrl.envs.vector import make_vector_env
 from fleetrl.launch.configs import DebugConfig
 from fleetrl.launch.progress import Progress
-from fleetrl.learner.run_files import RunSummary, write_summary
-from fleetrl.learner.summaries import TrainSummaries
-from fleetrl.learner.training_run import TrainingRun
+from fleetrl.learner.run.run_files import RunSummary, write_summary
+from fleetrl.learner.run.summaries import TrainSummaries
+from fleetrl.learner.run.training_run import TrainingRun
 from fleetrl.learner.transport.step_intake import StepIntake
 from fleetrl.problems.base import Problem
 from fleetrl.problems.registry import load_problem

@@ -31,7 +31,7 @@ from fleetrl.launch.progress import EpisodeProgress
 from fleetrl.learner.evaluation.eval_inference import EvalInference, EvalRequest
 from fleetrl.learner.inference.env_state_store import build_state_store
 from fleetrl.learner.inference.inference_step import StepRequest
-from fleetrl.learner.saved_policy import load_policy, pretrained_policy
+from fleetrl.learner.run.saved_policy import load_policy, pretrained_policy
 from fleetrl.problems.hparams import parse_hparams
 from fleetrl.proto.run_ids import new_run_ids
 

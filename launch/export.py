@@ -20,7 +20,7 @@ from absl import logging
 
 from fleetrl.launch.configs import ExportConfig
 from fleetrl.launch.flags import define_flags, from_flags, run_main
-from fleetrl.learner.checkpoint import export_weights
+from fleetrl.learner.run.checkpoint import export_weights
 from fleetrl.problems.registry import load_problem
 
 define_flags(ExportConfig)

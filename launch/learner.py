@@ -27,7 +27,7 @@ from fleetrl.common.files import atomic_write_text
 from fleetrl.launch.flags import define_flags, learner_config_from_flags, run_main
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
-from fleetrl.learner.run_files import address_file
+from fleetrl.learner.run.run_files import address_file
 from fleetrl.learner.training.data_parallel import RankEnv, RankFailure
 
 define_flags(LearnerConfig)

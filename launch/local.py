@@ -32,7 +32,7 @@ from fleetrl.launch.flags import (
 from fleetrl.launch.processes import ChildProcesses
 from fleetrl.launch.progress import Progress, print_next_steps, print_summary, script
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.run_files import address_file
+from fleetrl.learner.run.run_files import address_file
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
 

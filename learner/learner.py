@@ -28,9 +28,9 @@ import sys
 import time
 
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.monitor import Monitor
-from fleetrl.learner.run_files import RunSummary, write_summary
-from fleetrl.learner.training_run import TrainingRun
+from fleetrl.learner.run.monitor import Monitor
+from fleetrl.learner.run.run_files import RunSummary, write_summary
+from fleetrl.learner.run.training_run import TrainingRun
 from fleetrl.learner.transport.server import LearnerService
 from fleetrl.learner.transport.serving import LearnerServer
 from fleetrl.problems.base import Problem

@@ -15,16 +15,16 @@ import pytest
 import torch
 
 from fleetrl.common.files import strict_json
-from fleetrl.learner.checkpoint import (
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.learner import Learner
+from fleetrl.learner.run.checkpoint import (
     CheckpointDir,
     CheckpointError,
     export_weights,
     load_checkpoint,
     load_fitting_weights,
 )
-from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.learner import Learner
-from fleetrl.learner.run_files import write_summary
+from fleetrl.learner.run.run_files import write_summary
 from fleetrl.problems import load_problem
 
 
@@ -181,7 +181,7 @@ def test_another_problems_weights_are_taken_by_choice_where_names_and_shapes_fit
     with pytest.raises(CheckpointError, match="not 'balance:Balance'; --init_checkpoint_any_problem takes"):
         learner_on(tmp_path / "refused", problem="balance:Balance", init_checkpoint=path)
 
-    with caplog.at_level("INFO", logger="fleetrl.learner.run_state"):
+    with caplog.at_level("INFO", logger="fleetrl.learner.run.run_state"):
         warm = learner_on(tmp_path / "b", problem="balance:Balance", init_checkpoint=path,
                           init_checkpoint_any_problem=True)
     for name, value in source.agent.state_dict().items():
@@ -207,7 +207,7 @@ def test_fitting_weights_name_what_they_took_left_and_kept():
 
 SAVER = textwrap.dedent("""
     import sys, torch
-    from fleetrl.learner.checkpoint import CheckpointDir
+    from fleetrl.learner.run.checkpoint import CheckpointDir
     checkpoints = CheckpointDir(sys.argv[1], keep=2)
     step = int(sys.argv[2])
     weights = torch.zeros(4_000_000)  # 16 MB: each save takes long enough to be killed inside

@@ -21,7 +21,7 @@ from fleetrl.launch import inspect
 from fleetrl.launch.configs import DebugConfig, FleetConfig
 from fleetrl.launch.debug_run import DebugRun
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.summaries import WALL_CLOCK
+from fleetrl.learner.run.summaries import WALL_CLOCK
 
 EXAMPLES = pathlib.Path(__file__).resolve().parents[1] / "docs" / "examples"
 

@@ -17,9 +17,9 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from fleetrl.actor.actor import Actor
 from fleetrl.actor.config import ActorConfig
-from fleetrl.learner.checkpoint import load_checkpoint
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
+from fleetrl.learner.run.checkpoint import load_checkpoint
 
 
 class FullDisk:

@@ -141,7 +141,7 @@ def test_export_writes_openpis_layout_that_plays_the_same_chunks(tmp_path, pytho
     from safetensors import safe_open
 
     from fleetrl.agents.flow_vla import load_exported
-    from fleetrl.learner.checkpoint import CHECKPOINT_FORMAT, atomic_save
+    from fleetrl.learner.run.checkpoint import CHECKPOINT_FORMAT, atomic_save
 
     problem = point_reach(**hparams)
     torch.manual_seed(0)

@@ -11,8 +11,8 @@ import torch
 
 from fleetrl.actor.actor import Actor, ActorError
 from fleetrl.actor.config import ActorConfig
-from fleetrl.learner.checkpoint import CheckpointDir
-from fleetrl.learner.saved_policy import load_policy
+from fleetrl.learner.run.checkpoint import CheckpointDir
+from fleetrl.learner.run.saved_policy import load_policy
 from fleetrl.problems import load_problem
 from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb

@@ -10,7 +10,7 @@ from fleetrl.envs.gym_cards.solvers import Answer
 pytest.importorskip("transformers", reason="the vlm extra (make install puts it in)")
 
 from fleetrl.bench.vlm_action_given_thoughts import p_right_by_state, swap_action  # noqa: E402
-from fleetrl.learner.checkpoint import CHECKPOINT_FORMAT, atomic_save  # noqa: E402
+from fleetrl.learner.run.checkpoint import CHECKPOINT_FORMAT, atomic_save  # noqa: E402
 from fleetrl.problems import load_problem  # noqa: E402
 
 

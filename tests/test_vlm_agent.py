@@ -276,7 +276,7 @@ def test_a_mismatched_base_model_is_refused(tmp_path):
 
 
 def test_export_merges_the_adapters_into_a_folder_from_pretrained_loads(tmp_path, python):
-    from fleetrl.learner.checkpoint import CHECKPOINT_FORMAT, atomic_save
+    from fleetrl.learner.run.checkpoint import CHECKPOINT_FORMAT, atomic_save
 
     problem = numberline(lora_rank=4)
     torch.manual_seed(0)
@@ -307,7 +307,7 @@ def test_export_merges_the_adapters_into_a_folder_from_pretrained_loads(tmp_path
 
 
 def test_export_of_an_agent_that_is_no_pretrained_model_says_so(tmp_path, python):
-    from fleetrl.learner.checkpoint import CHECKPOINT_FORMAT, atomic_save
+    from fleetrl.learner.run.checkpoint import CHECKPOINT_FORMAT, atomic_save
 
     problem = load_problem("cartpole")
     checkpoint = tmp_path / "ckpt-1.pt"

@@ -12,8 +12,8 @@ from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.evaluation.eval_rounds import EvalRounds
 from fleetrl.learner.inference.inference_step import InferenceStep
 from fleetrl.learner.policy_version import PolicyVersion
-from fleetrl.learner.run_files import RunSummary
-from fleetrl.learner.stop_conditions import StopConditions
+from fleetrl.learner.run.run_files import RunSummary
+from fleetrl.learner.run.stop_conditions import StopConditions
 from fleetrl.learner.training.rank_sync import RankSync
 from fleetrl.learner.training.trainer import Trainer
 from fleetrl.learner.transport.connected_actors import ConnectedActors

@@ -10,7 +10,7 @@ from typing import Any
 import torch
 
 from fleetrl.agents.base import Agent
-from fleetrl.learner.checkpoint import check_fits, load_checkpoint, resolve_checkpoint
+from fleetrl.learner.run.checkpoint import check_fits, load_checkpoint, resolve_checkpoint
 from fleetrl.problems.base import Problem
 from fleetrl.problems.registry import load_problem, names_a_base_of, problem_class, trusted_problem_class
 

@@ -10,8 +10,8 @@ import threading
 import time
 from collections.abc import Callable
 
-from fleetrl.learner.stop_conditions import StopConditions
-from fleetrl.learner.summaries import TrainSummaries
+from fleetrl.learner.run.stop_conditions import StopConditions
+from fleetrl.learner.run.summaries import TrainSummaries
 
 
 class Monitor:

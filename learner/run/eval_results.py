@@ -24,8 +24,8 @@ from torch.utils.tensorboard import SummaryWriter
 
 from fleetrl.common.files import strict_json
 from fleetrl.learner.evaluation.eval_rounds import EvalResult
-from fleetrl.learner.run_state import RunState
-from fleetrl.learner.summaries import close_writer
+from fleetrl.learner.run.run_state import RunState
+from fleetrl.learner.run.summaries import close_writer
 
 log = logging.getLogger(__name__)
 

@@ -27,18 +27,18 @@ from fleetrl.learner.accounting.metric_rules import MetricRules
 from fleetrl.learner.accounting.metrics import EpisodeWindow, RateMeter, ScalarMeans
 from fleetrl.learner.accounting.step_ledger import StepLedger
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.eval_results import EvalResults
 from fleetrl.learner.evaluation.eval_inference import EvalInference
 from fleetrl.learner.evaluation.eval_rounds import EvalRounds, frozen_copy
 from fleetrl.learner.inference.env_state_store import build_state_store
 from fleetrl.learner.inference.inference_batcher import InferenceBatcher
 from fleetrl.learner.inference.inference_step import InferenceStep
 from fleetrl.learner.policy_version import PolicyVersion
-from fleetrl.learner.run_files import RunSummary, rank_logdir, write_run_config
-from fleetrl.learner.run_report import run_status, run_summary
-from fleetrl.learner.run_state import RunState
-from fleetrl.learner.stop_conditions import StopConditions
-from fleetrl.learner.summaries import TrainSummaries
+from fleetrl.learner.run.eval_results import EvalResults
+from fleetrl.learner.run.run_files import RunSummary, rank_logdir, write_run_config
+from fleetrl.learner.run.run_report import run_status, run_summary
+from fleetrl.learner.run.run_state import RunState
+from fleetrl.learner.run.stop_conditions import StopConditions
+from fleetrl.learner.run.summaries import TrainSummaries
 from fleetrl.learner.training.data_parallel import DataParallel
 from fleetrl.learner.training.rank_sync import RankSync
 from fleetrl.learner.training.sharded import ShardedAgent

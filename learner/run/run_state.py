@@ -33,7 +33,11 @@ import torch
 
 from fleetrl.learner.accounting.metrics import EpisodeWindow
 from fleetrl.learner.accounting.step_ledger import StepLedger
-from fleetrl.learner.checkpoint import (
+from fleetrl.learner.config import LearnerConfig
+from fleetrl.learner.evaluation.eval_rounds import EvalRounds
+from fleetrl.learner.inference.inference_step import InferenceStep
+from fleetrl.learner.policy_version import PolicyVersion
+from fleetrl.learner.run.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointDir,
     CheckpointError,
@@ -42,10 +46,6 @@ from fleetrl.learner.checkpoint import (
     load_fitting_weights,
     resolve_checkpoint,
 )
-from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.evaluation.eval_rounds import EvalRounds
-from fleetrl.learner.inference.inference_step import InferenceStep
-from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.training.rank_sync import RankSync
 from fleetrl.learner.training.sharded import ShardedAgent
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from fleetrl.learner.config import LearnerConfig
-from fleetrl.learner.run_state import RunState
+from fleetrl.learner.run.run_state import RunState
 from fleetrl.learner.training.rank_sync import RankSync
 
 
