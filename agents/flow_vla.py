@@ -43,7 +43,8 @@ from torch.utils import _pytree as pytree
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
 from fleetrl.agents.flow_sampler import FlowSample, FlowSamplerConfig, chain_log_prob, sample
-from fleetrl.agents.lora import LoraSpec, add_lora, merged
+from fleetrl.agents.hf.lora import LoraSpec, add_lora, merged
+from fleetrl.agents.hf.pretrained_base import PretrainedBase, import_transformers
 from fleetrl.agents.pi0_checkpoint import load_pi0, save_pi0
 from fleetrl.agents.pi0_model import (
     ATTENTION_KERNELS,
@@ -57,7 +58,6 @@ from fleetrl.agents.pi0_model import (
 )
 from fleetrl.agents.pi0_norm import Normalizer, NormStats, find_norm_stats, read_norm_stats, write_norm_stats
 from fleetrl.agents.pi0_prompt import PromptTokenizer
-from fleetrl.agents.pretrained_base import PretrainedBase, import_transformers
 
 VALUE_POOLINGS = ("mean", "first", "last")
 VALUE_INPUTS = ("expert", "prefix")

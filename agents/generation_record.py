@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from fleetrl.agents.pretrained_base import import_transformers
+from fleetrl.agents.hf.pretrained_base import import_transformers
 
 
 def chosen_token_log_probs(log_probs: Callable[[torch.Tensor], torch.Tensor]):

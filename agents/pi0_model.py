@@ -28,7 +28,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from fleetrl.agents.pretrained_base import import_transformers
+from fleetrl.agents.hf.pretrained_base import import_transformers
 
 CAMERAS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
 MASKED = -2.3819763e38  # openpi's additive mask value (the lowest bfloat16-safe float)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from fleetrl.agents.tiny_builds import built_once, byte_level_bpe
+from fleetrl.agents.hf.tiny_builds import built_once, byte_level_bpe
 
 SPECIAL_TOKENS = ("<pad>", "<bos>", "<eos>")  # <pad> is id 0, as PaliGemma's
 
@@ -58,9 +58,9 @@ def tiny_model_config(config: TinyPi0Config, vocab_size: int):
 def _write(folder: str, corpus: Sequence[str], config: TinyPi0Config) -> None:
     import torch
 
+    from fleetrl.agents.hf.pretrained_base import import_transformers
     from fleetrl.agents.pi0_checkpoint import save_pi0
     from fleetrl.agents.pi0_model import Pi0Model
-    from fleetrl.agents.pretrained_base import import_transformers
 
     transformers = import_transformers("the tiny pi0")
     bpe = byte_level_bpe(corpus, config.vocab_size, SPECIAL_TOKENS, "the tiny pi0")

@@ -16,7 +16,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from fleetrl.agents.tiny_builds import built_once, byte_level_bpe
+from fleetrl.agents.hf.tiny_builds import built_once, byte_level_bpe
 from fleetrl.common.extras import MissingExtra
 
 IMAGE_TOKEN = "<image>"

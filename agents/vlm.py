@@ -48,7 +48,7 @@ from torch import nn
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
 from fleetrl.agents.generation_record import PromptState, chosen_token_log_probs, final_norm
-from fleetrl.agents.pretrained_base import PretrainedBase, check_model_folder, fingerprint, import_transformers
+from fleetrl.agents.hf.pretrained_base import PretrainedBase, check_model_folder, fingerprint, import_transformers
 from fleetrl.agents.token_offsets import token_byte_lengths, tokens_through
 from fleetrl.common.extras import MissingExtra
 

@@ -141,8 +141,8 @@ def observations(batch: int, device: str, tokens: int = 40) -> dict[str, torch.T
 
 def bench_tokenizer():
     """A byte-level tokenizer standing in for PaliGemma's (nothing downloads); ids stay in range."""
-    from fleetrl.agents.pretrained_base import import_transformers
-    from fleetrl.agents.tiny_builds import byte_level_bpe
+    from fleetrl.agents.hf.pretrained_base import import_transformers
+    from fleetrl.agents.hf.tiny_builds import byte_level_bpe
 
     transformers = import_transformers("the bench")
     bpe = byte_level_bpe(["put the black bowl on the plate"], 300, ("<pad>", "<bos>", "<eos>"), "the bench")
@@ -153,7 +153,7 @@ def bench_tokenizer():
 def make_agent(folder: str, device: str, lora_rank: int):
     from fleetrl.agents.flow_sampler import FlowSamplerConfig
     from fleetrl.agents.flow_vla import BaseModel, FlowVLAAgent
-    from fleetrl.agents.lora import LoraSpec
+    from fleetrl.agents.hf.lora import LoraSpec
     from fleetrl.agents.pi0_checkpoint import load_pi0
 
     model = load_pi0(folder, dtype="bfloat16", device=device)

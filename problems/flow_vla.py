@@ -30,7 +30,7 @@ import torch
 from fleetrl.agents.base import AgentOutput, Observation
 from fleetrl.agents.flow_sampler import METHODS, REDUCTIONS, STOCHASTIC_STEPS, FlowSamplerConfig
 from fleetrl.agents.flow_vla import VALUE_INPUTS, VALUE_POOLINGS, VARIANTS, FlowVLAAgent, chunk_shape
-from fleetrl.agents.lora import LoraSpec
+from fleetrl.agents.hf.lora import LoraSpec
 from fleetrl.agents.pi0_model import ATTENTION_KERNELS
 from fleetrl.agents.tiny_pi0 import TinyPi0Config, build_tiny_pi0
 from fleetrl.common.settings import check_choice, check_range, setting

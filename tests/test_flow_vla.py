@@ -9,7 +9,7 @@ pytest.importorskip("transformers", reason="the vlm extra (make install puts it 
 
 from fleetrl.agents.flow_sampler import FlowSamplerConfig  # noqa: E402
 from fleetrl.agents.flow_vla import FlowVLAAgent  # noqa: E402
-from fleetrl.agents.lora import LoraSpec  # noqa: E402
+from fleetrl.agents.hf.lora import LoraSpec  # noqa: E402
 from fleetrl.agents.tiny_pi0 import TinyPi0Config, build_tiny_pi0  # noqa: E402
 from fleetrl.envs.point_reach import COLOURS, PointReachEnv  # noqa: E402
 

@@ -13,7 +13,7 @@ from fleetrl.agents.pi0_prompt import prompt_text, tokenize_prompts  # noqa: E40
 def tokenizer(tmp_path_factory):
     import transformers
 
-    from fleetrl.agents.tiny_builds import byte_level_bpe
+    from fleetrl.agents.hf.tiny_builds import byte_level_bpe
 
     bpe = byte_level_bpe(["pick up the black bowl", "Task: State: Action:"], 300, ("<pad>", "<bos>", "<eos>"),
                          "the test")
