@@ -57,7 +57,7 @@ def define_flags() -> None:
 
 
 def model_config(size: str):
-    from fleetrl.agents.pi0_model import GEMMA_VARIANTS, Pi0Config, SiglipSize
+    from fleetrl.agents.pi0.model import GEMMA_VARIANTS, Pi0Config, SiglipSize
 
     if size == "real":
         return Pi0Config(pi05=True, action_horizon=10, max_token_len=200)
@@ -71,8 +71,8 @@ def write_checkpoint(folder: str, size: str, device: str) -> float:
     """openpi's layout, every tensor bfloat16; returns the seconds taken."""
     from safetensors.torch import save_file
 
-    from fleetrl.agents.pi0_checkpoint import EMBEDDING, EXPERT_LM_HEAD, LM_HEAD
-    from fleetrl.agents.pi0_model import Pi0Model
+    from fleetrl.agents.pi0.checkpoint import EMBEDDING, EXPERT_LM_HEAD, LM_HEAD
+    from fleetrl.agents.pi0.model import Pi0Model
 
     started = time.perf_counter()
     os.makedirs(folder, exist_ok=True)
@@ -96,7 +96,7 @@ def write_checkpoint(folder: str, size: str, device: str) -> float:
 
 LOAD_PROBE = """
 import json, sys, time, torch
-from fleetrl.agents.pi0_checkpoint import load_pi0
+from fleetrl.agents.pi0.checkpoint import load_pi0
 from transformers.models.gemma import modeling_gemma
 from transformers.models.siglip import modeling_siglip
 device = sys.argv[2]
@@ -151,10 +151,10 @@ def bench_tokenizer():
 
 
 def make_agent(folder: str, device: str, lora_rank: int):
-    from fleetrl.agents.flow_sampler import FlowSamplerConfig
-    from fleetrl.agents.flow_vla import BaseModel, FlowVLAAgent
     from fleetrl.agents.hf.lora import LoraSpec
-    from fleetrl.agents.pi0_checkpoint import load_pi0
+    from fleetrl.agents.pi0.checkpoint import load_pi0
+    from fleetrl.agents.pi0.flow_vla_agent import BaseModel, FlowVLAAgent
+    from fleetrl.agents.pi0.sampler import FlowSamplerConfig
 
     model = load_pi0(folder, dtype="bfloat16", device=device)
     agent = FlowVLAAgent(folder, action_dim=7, chunk_size=5, image_keys=("main_image", "wrist_image"),

@@ -36,7 +36,7 @@ def define_flags() -> None:
 
 
 def eighth_config():
-    from fleetrl.agents.pi0_model import GEMMA_VARIANTS, Pi0Config, SiglipSize
+    from fleetrl.agents.pi0.model import GEMMA_VARIANTS, Pi0Config, SiglipSize
 
     def eighth(size, **extra):
         return dataclasses.replace(size, width=size.width // 8, mlp_dim=size.mlp_dim // 8,
@@ -68,9 +68,9 @@ class ModelClock:
 
 def main(argv) -> None:
     del argv
-    from fleetrl.agents.flow_sampler import FlowSamplerConfig
-    from fleetrl.agents.flow_vla import BaseModel, FlowVLAAgent
-    from fleetrl.agents.pi0_model import Pi0Model
+    from fleetrl.agents.pi0.flow_vla_agent import BaseModel, FlowVLAAgent
+    from fleetrl.agents.pi0.model import Pi0Model
+    from fleetrl.agents.pi0.sampler import FlowSamplerConfig
     from fleetrl.bench.pi0_gpu import bench_tokenizer, observations
 
     if FLAGS.threads:

@@ -11,7 +11,7 @@ folder that `AutoModelForImageTextToText.from_pretrained(DIR)` loads, LoRA merge
 flow-matching VLA (pi0, pi0.5), DIR is openpi's checkpoint layout (model.safetensors with
 openpi's keys, config.json, assets/<asset_id>/norm_stats.json; LoRA merged), which openpi,
 LeRobot and RLinf serve, with fleetrl's value head and settings beside it;
-`fleetrl.agents.flow_vla.load_exported(DIR)` builds the policy again.
+`fleetrl.agents.pi0.flow_vla_agent.load_exported(DIR)` builds the policy again.
 """
 
 from __future__ import annotations

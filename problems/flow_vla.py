@@ -1,4 +1,4 @@
-"""Problems whose agent is a flow-matching VLA: pi0 or pi0.5 (`fleetrl.agents.flow_vla`).
+"""Problems whose agent is a flow-matching VLA: pi0 or pi0.5 (`fleetrl.agents.pi0.flow_vla_agent`).
 
 `FlowVLAProblem` holds what every such Problem shares: the model (a pi0 or pi0.5
 checkpoint folder, a PaliGemma folder with a fresh expert, or `tiny`), its tokenizer and
@@ -28,11 +28,11 @@ import numpy as np
 import torch
 
 from fleetrl.agents.base import AgentOutput, Observation
-from fleetrl.agents.flow_sampler import METHODS, REDUCTIONS, STOCHASTIC_STEPS, FlowSamplerConfig
-from fleetrl.agents.flow_vla import VALUE_INPUTS, VALUE_POOLINGS, VARIANTS, FlowVLAAgent, chunk_shape
 from fleetrl.agents.hf.lora import LoraSpec
-from fleetrl.agents.pi0_model import ATTENTION_KERNELS
-from fleetrl.agents.tiny_pi0 import TinyPi0Config, build_tiny_pi0
+from fleetrl.agents.pi0.flow_vla_agent import VALUE_INPUTS, VALUE_POOLINGS, VARIANTS, FlowVLAAgent, chunk_shape
+from fleetrl.agents.pi0.model import ATTENTION_KERNELS
+from fleetrl.agents.pi0.sampler import METHODS, REDUCTIONS, STOCHASTIC_STEPS, FlowSamplerConfig
+from fleetrl.agents.pi0.tiny import TinyPi0Config, build_tiny_pi0
 from fleetrl.common.settings import check_choice, check_range, setting
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING
 from fleetrl.problems.base import Problem, ProblemConfig

@@ -1,4 +1,4 @@
-"""LIBERO with pi0 or pi0.5 (`fleetrl.agents.flow_vla`), played as openpi plays it and
+"""LIBERO with pi0 or pi0.5 (`fleetrl.agents.pi0.flow_vla_agent`), played as openpi plays it and
 fine-tuned as RLinf does.
 
 Registered as `libero_flow_vla`: the `libero` Problem's tasks, simulator settings, eval

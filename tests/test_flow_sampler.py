@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from fleetrl.agents.flow_sampler import (
+from fleetrl.agents.pi0.sampler import (
     FlowSamplerConfig,
     chain_log_prob,
     gaussian_log_prob,

@@ -7,10 +7,10 @@ import torch
 
 pytest.importorskip("transformers", reason="the vlm extra (make install puts it in)")
 
-from fleetrl.agents.flow_sampler import FlowSamplerConfig  # noqa: E402
-from fleetrl.agents.flow_vla import FlowVLAAgent  # noqa: E402
 from fleetrl.agents.hf.lora import LoraSpec  # noqa: E402
-from fleetrl.agents.tiny_pi0 import TinyPi0Config, build_tiny_pi0  # noqa: E402
+from fleetrl.agents.pi0.flow_vla_agent import FlowVLAAgent  # noqa: E402
+from fleetrl.agents.pi0.sampler import FlowSamplerConfig  # noqa: E402
+from fleetrl.agents.pi0.tiny import TinyPi0Config, build_tiny_pi0  # noqa: E402
 from fleetrl.envs.point_reach import COLOURS, PointReachEnv  # noqa: E402
 
 CHUNK, HORIZON, DIMS, WIDTH = 3, 5, 2, 8  # 3 of each 5 denoised actions are executed

@@ -57,10 +57,10 @@ def test_the_agent_reads_libero_as_openpis_client_does(tmp_path):
     import numpy as np
     from robosuite.utils.transform_utils import quat2axisangle
 
-    from fleetrl.agents.flow_vla import FlowVLAAgent
-    from fleetrl.agents.pi0_model import resize_with_pad
-    from fleetrl.agents.pi0_prompt import tokenize_prompts
-    from fleetrl.agents.tiny_pi0 import TinyPi0Config, build_tiny_pi0
+    from fleetrl.agents.pi0.flow_vla_agent import FlowVLAAgent
+    from fleetrl.agents.pi0.model import resize_with_pad
+    from fleetrl.agents.pi0.prompt import tokenize_prompts
+    from fleetrl.agents.pi0.tiny import TinyPi0Config, build_tiny_pi0
     from fleetrl.envs.libero.env import LiberoEnv
 
     env = LiberoEnv("libero_spatial", (0, 1), image_size=256)

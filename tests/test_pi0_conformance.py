@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 import torch
 
-from fleetrl.agents.pi0_checkpoint import EXPERT_LM_HEAD, LM_HEAD, keeps_float32, load_pi0, save_pi0
-from fleetrl.agents.pi0_model import CAMERAS, Pi0Inputs, resize_with_pad, time_embedding
-from fleetrl.agents.pi0_norm import (
+from fleetrl.agents.pi0.checkpoint import EXPERT_LM_HEAD, LM_HEAD, keeps_float32, load_pi0, save_pi0
+from fleetrl.agents.pi0.model import CAMERAS, Pi0Inputs, resize_with_pad, time_embedding
+from fleetrl.agents.pi0.norm import (
     Normalizer,
     discretize_state,
     find_norm_stats,
@@ -262,8 +262,8 @@ def test_the_agent_turns_prompt_bytes_and_pixels_into_openpis_actions(name, step
     the raw 8-dim state in; its prompt tokenizer, image preprocessing and state padding, the
     shipped sampler's deterministic path (openpi's Euler steps) and the unnormalizing out.
     Sample 0 has no right-wrist camera (its key is left out, as a LIBERO env has none)."""
-    from fleetrl.agents.flow_sampler import FlowSamplerConfig
-    from fleetrl.agents.flow_vla import BaseModel, FlowVLAAgent
+    from fleetrl.agents.pi0.flow_vla_agent import BaseModel, FlowVLAAgent
+    from fleetrl.agents.pi0.sampler import FlowSamplerConfig
 
     folder = FIXTURE / name
     raw, out = arrays(folder / "inputs.npz"), arrays(folder / "outputs.npz")

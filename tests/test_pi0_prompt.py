@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("transformers", reason="the vlm extra (make install puts it in)")
 
-from fleetrl.agents.pi0_prompt import prompt_text, tokenize_prompts  # noqa: E402
+from fleetrl.agents.pi0.prompt import prompt_text, tokenize_prompts  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +65,7 @@ class CountingTokenizer:
 
 
 def test_the_batch_prompt_tokenizer_gives_openpis_ids_tokenizing_each_instruction_once(tokenizer):
-    from fleetrl.agents.pi0_prompt import PromptTokenizer
+    from fleetrl.agents.pi0.prompt import PromptTokenizer
 
     counting = CountingTokenizer(tokenizer)
     prompts = PromptTokenizer(counting, 48, bucket=8)
@@ -82,7 +82,7 @@ def test_the_batch_prompt_tokenizer_gives_openpis_ids_tokenizing_each_instructio
 
 
 def test_pi05s_state_prompts_are_tokenized_per_sample_and_cut_too(tokenizer):
-    from fleetrl.agents.pi0_prompt import PromptTokenizer
+    from fleetrl.agents.pi0.prompt import PromptTokenizer
 
     states = np.array([[0.5, -0.5], [0.1, 0.2]], np.float32)
     ids, mask = PromptTokenizer(tokenizer, 200)(_bytes(["pick up the bowl"] * 2), states)

@@ -105,7 +105,7 @@ def test_an_update_trains_only_what_trains_and_the_checkpoint_holds_it(hparams, 
 
 
 def test_a_mismatched_base_model_is_refused(tmp_path):
-    from fleetrl.agents.tiny_pi0 import TinyPi0Config, build_tiny_pi0
+    from fleetrl.agents.pi0.tiny import TinyPi0Config, build_tiny_pi0
 
     problem = point_reach()
     agent = problem.make_agent()
@@ -140,7 +140,7 @@ def test_export_writes_openpis_layout_that_plays_the_same_chunks(tmp_path, pytho
 
     from safetensors import safe_open
 
-    from fleetrl.agents.flow_vla import load_exported
+    from fleetrl.agents.pi0.flow_vla_agent import load_exported
     from fleetrl.learner.run.checkpoint import CHECKPOINT_FORMAT, atomic_save
 
     problem = point_reach(**hparams)

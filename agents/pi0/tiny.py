@@ -43,7 +43,7 @@ def build_tiny_pi0(corpus: Sequence[str], config: TinyPi0Config = TinyPi0Config(
 
 
 def tiny_model_config(config: TinyPi0Config, vocab_size: int):
-    from fleetrl.agents.pi0_model import GemmaSize, Pi0Config, SiglipSize
+    from fleetrl.agents.pi0.model import GemmaSize, Pi0Config, SiglipSize
 
     def gemma(width: int) -> GemmaSize:
         return GemmaSize(width, config.depth, 2 * width, config.heads, 1, config.head_dim, vocab_size)
@@ -59,8 +59,8 @@ def _write(folder: str, corpus: Sequence[str], config: TinyPi0Config) -> None:
     import torch
 
     from fleetrl.agents.hf.pretrained_base import import_transformers
-    from fleetrl.agents.pi0_checkpoint import save_pi0
-    from fleetrl.agents.pi0_model import Pi0Model
+    from fleetrl.agents.pi0.checkpoint import save_pi0
+    from fleetrl.agents.pi0.model import Pi0Model
 
     transformers = import_transformers("the tiny pi0")
     bpe = byte_level_bpe(corpus, config.vocab_size, SPECIAL_TOKENS, "the tiny pi0")

@@ -1,4 +1,4 @@
-"""pi0 and pi0.5 (`fleetrl.agents.pi0_model`) as a fleetrl agent: acting, RL and teacher forcing.
+"""pi0 and pi0.5 (`fleetrl.agents.pi0.model`) as a fleetrl agent: acting, RL and teacher forcing.
 
 The base model comes from `model_path`: a pi0 or pi0.5 checkpoint folder (openpi's,
 LeRobot's or RLinf's layout, `pi0_checkpoint.load_pi0`), or a transformers PaliGemma
@@ -12,7 +12,7 @@ as openpi's client does) fill the camera slots in `image_keys`' order (the slots
 key are left out, which is what openpi's masked slots amount to); the state is normalized
 (z-score for pi0, quantiles for pi0.5) and zero-padded; the instruction becomes openpi's
 prompt. The prefix runs once, its keys and values reused by every denoise step
-(`fleetrl.agents.flow_sampler`: openpi's Euler grid, some steps Gaussian for RL). The
+(`fleetrl.agents.pi0.sampler`: openpi's Euler grid, some steps Gaussian for RL). The
 first `chunk_size` actions of the H-action chunk are executed, in the task's first
 `action_dim` dims, unnormalized (plus the state's first `delta_action_dims`, pi0_libero's
 delta actions); the log-probs count those entries only.
@@ -42,11 +42,10 @@ from torch import nn
 from torch.utils import _pytree as pytree
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
-from fleetrl.agents.flow_sampler import FlowSample, FlowSamplerConfig, chain_log_prob, sample
 from fleetrl.agents.hf.lora import LoraSpec, add_lora, merged
 from fleetrl.agents.hf.pretrained_base import PretrainedBase, import_transformers
-from fleetrl.agents.pi0_checkpoint import load_pi0, save_pi0
-from fleetrl.agents.pi0_model import (
+from fleetrl.agents.pi0.checkpoint import load_pi0, save_pi0
+from fleetrl.agents.pi0.model import (
     ATTENTION_KERNELS,
     GemmaSize,
     Pi0Config,
@@ -56,8 +55,9 @@ from fleetrl.agents.pi0_model import (
     SiglipSize,
     resize_with_pad,
 )
-from fleetrl.agents.pi0_norm import Normalizer, NormStats, find_norm_stats, read_norm_stats, write_norm_stats
-from fleetrl.agents.pi0_prompt import PromptTokenizer
+from fleetrl.agents.pi0.norm import Normalizer, NormStats, find_norm_stats, read_norm_stats, write_norm_stats
+from fleetrl.agents.pi0.prompt import PromptTokenizer
+from fleetrl.agents.pi0.sampler import FlowSample, FlowSamplerConfig, chain_log_prob, sample
 
 VALUE_POOLINGS = ("mean", "first", "last")
 VALUE_INPUTS = ("expert", "prefix")
@@ -458,7 +458,7 @@ def chunk_shape(model_path: str, action_width: int, action_horizon: int) -> tupl
     checkpoint's own (from its config.json and its weights' names), else the settings'."""
     if _is_paligemma(model_path):
         return action_horizon, action_width
-    from fleetrl.agents.pi0_checkpoint import read_config, stored_tensors, weight_files
+    from fleetrl.agents.pi0.checkpoint import read_config, stored_tensors, weight_files
 
     config = read_config(model_path, stored_tensors(weight_files(model_path)))
     return config.action_horizon, config.action_dim

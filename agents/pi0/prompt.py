@@ -21,7 +21,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from fleetrl.agents.pi0_norm import discretize_state
+from fleetrl.agents.pi0.norm import discretize_state
 
 
 def prompt_text(task: str, state: np.ndarray | None = None) -> tuple[str, bool]:

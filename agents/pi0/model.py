@@ -15,7 +15,7 @@ One module for both variants; `Pi0Config.pi05` is the difference:
 Flow convention (openpi's): t = 1 is noise, t = 0 the data; x_t = t*noise + (1-t)*actions;
 the velocity is regressed on noise - actions; sampling is Euler from t = 1 with dt = -1/N.
 The module tree and parameter names are openpi's, so its `model.safetensors` loads as is
-(`fleetrl.agents.pi0_checkpoint`). Facts: shared/data/pi0_reference/README.md.
+(`fleetrl.agents.pi0.checkpoint`). Facts: shared/data/pi0_reference/README.md.
 """
 
 from __future__ import annotations

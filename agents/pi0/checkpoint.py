@@ -29,7 +29,7 @@ import os
 
 import torch
 
-from fleetrl.agents.pi0_model import GEMMA_VARIANTS, GemmaSize, Pi0Config, Pi0Model, SiglipSize
+from fleetrl.agents.pi0.model import GEMMA_VARIANTS, GemmaSize, Pi0Config, Pi0Model, SiglipSize
 from fleetrl.common.extras import MissingExtra
 
 WEIGHTS = "model.safetensors"
