@@ -27,8 +27,8 @@ import gymnasium as gym
 import torch
 
 from fleetrl.agents.base import AgentOutput, Observation, State
-from fleetrl.agents.tiny_vlm import build_tiny_vlm
-from fleetrl.agents.vlm import VLMAgent
+from fleetrl.agents.vlm.tiny import build_tiny_vlm
+from fleetrl.agents.vlm.vlm_agent import VLMAgent
 from fleetrl.common.settings import check_choice, check_range, setting
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING
 from fleetrl.envs.text_actions import NUM_TOKENS, TEXT, TEXT_LENGTH, THOUGHT_TOKENS, TOKENS, TextActions

@@ -150,7 +150,7 @@ def test_by_default_the_expert_trains_and_the_prefix_does_not_as_rlinfs_expert_o
 
 
 def test_what_does_not_fit_is_refused_by_name(model_path, tmp_path):
-    from fleetrl.agents.tiny_vlm import build_tiny_vlm
+    from fleetrl.agents.vlm.tiny import build_tiny_vlm
 
     llava = build_tiny_vlm(["go to the red target"], root=str(tmp_path))
     with pytest.raises(ValueError, match="holds a LlavaForConditionalGeneration; the flow VLA takes a pi0"):

@@ -264,7 +264,7 @@ def test_full_fine_tuning_and_the_vision_tower_by_flag():
 
 
 def test_a_mismatched_base_model_is_refused(tmp_path):
-    from fleetrl.agents.tiny_vlm import TinyVLMConfig, build_tiny_vlm
+    from fleetrl.agents.vlm.tiny import TinyVLMConfig, build_tiny_vlm
 
     problem = numberline()
     agent = problem.make_agent()

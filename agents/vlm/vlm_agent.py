@@ -47,9 +47,9 @@ import torch
 from torch import nn
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
-from fleetrl.agents.generation_record import PromptState, chosen_token_log_probs, final_norm
 from fleetrl.agents.hf.pretrained_base import PretrainedBase, check_model_folder, fingerprint, import_transformers
-from fleetrl.agents.token_offsets import token_byte_lengths, tokens_through
+from fleetrl.agents.vlm.generation_record import PromptState, chosen_token_log_probs, final_norm
+from fleetrl.agents.vlm.token_offsets import token_byte_lengths, tokens_through
 from fleetrl.common.extras import MissingExtra
 
 MARKER = '"action":'
@@ -239,7 +239,7 @@ class VLMAgent(PretrainedBase, Agent):
         sampling = dict(do_sample=True, temperature=self.temperature, top_p=self.top_p) if sample \
             else dict(do_sample=False)
         # Generation keeps each chosen token's log-prob and the prompt's state, nothing more
-        # (agents/generation_record.py); a decoder without a final `norm` gets every layer's states.
+        # (agents/vlm/generation_record.py); a decoder without a final `norm` gets every layer's states.
         scorer, norm = chosen_token_log_probs(self._log_probs), final_norm(self.model)
         with PromptState(norm) if norm is not None else contextlib.nullcontext() as prompt_state:
             generated = self.model.generate(
