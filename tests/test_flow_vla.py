@@ -187,8 +187,7 @@ def test_building_a_tiny_model_leaves_the_callers_random_stream_alone(tmp_path):
 def test_a_paligemma_folder_is_a_prefix_for_a_fresh_expert(tmp_path):
     """A transformers PaliGemma (a VLM) keeps its weights as pi0's prefix; the expert is new."""
     import transformers
-
-    from fleetrl.agents.tiny_paligemma import build_tiny_paligemma
+    from tiny_paligemma import build_tiny_paligemma  # tests/tiny_paligemma.py
 
     folder = build_tiny_paligemma(CORPUS, root=str(tmp_path))
     agent = make_agent(folder, variant="pi05", action_width=WIDTH, action_horizon=HORIZON, expert_width=32)

@@ -88,10 +88,6 @@ class Pi0Config:
         if e.width % 2:
             raise ValueError(f"the expert's width {e.width} must be even (the time embedding's sines and cosines)")
 
-    @property
-    def image_tokens(self) -> int:
-        return (self.vision.image_size // self.vision.patch_size) ** 2
-
 
 def time_embedding(t: torch.Tensor, width: int, min_period: float, max_period: float) -> torch.Tensor:
     """[B] -> [B, width]: all sines, then all cosines; computed in float64 as openpi does."""

@@ -1,15 +1,8 @@
-"""Small helpers for pytrees of tensors and per-env masks."""
+"""Per-env masks, broadcast against batched tensors."""
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
-from torch.utils import _pytree as pytree
-
-
-def tree_to(tree: Any, device: torch.device | str) -> Any:
-    return pytree.tree_map(lambda x: x.to(device), tree)
 
 
 def expand_mask(mask: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

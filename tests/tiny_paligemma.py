@@ -1,11 +1,9 @@
-"""A tiny, randomly initialized PaliGemma (SigLIP vision tower + Gemma), built offline.
+"""Test helper: a tiny, randomly initialized PaliGemma (SigLIP vision tower + Gemma), built
+offline, to show that a transformers PaliGemma folder loads as pi0's prefix.
 
-The flow-matching VLA's `--model_path=tiny`: the same transformers class as a real
-PaliGemma (`PaliGemmaForConditionalGeneration`), small enough to train on a CPU, with a
-byte-level BPE tokenizer trained here on the caller's corpus (the Problem's instructions).
-It is saved with `save_pretrained` and loaded back with `from_pretrained`, as real weights
-are. The folder is named by a hash of what goes into it and written aside, then renamed,
-so processes that build the same model at once share one copy (as `tiny_vlm`'s).
+The same transformers class as a real PaliGemma (`PaliGemmaForConditionalGeneration`), with
+a byte-level BPE tokenizer trained on the caller's corpus. It is saved with `save_pretrained`
+and loaded back as real weights are.
 """
 
 from __future__ import annotations
