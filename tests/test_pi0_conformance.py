@@ -23,10 +23,9 @@ from fleetrl.agents.pi0.norm import (
     Normalizer,
     discretize_state,
     find_norm_stats,
-    normalize,
     read_norm_stats,
-    unnormalize,
 )
+from fleetrl.agents.pi0.sampler import FlowSamplerConfig, sample
 
 FIXTURE = pathlib.Path(__file__).resolve().parent.parent.parent / "shared" / "data" / "pi0_reference"
 pytestmark = pytest.mark.skipif(not FIXTURE.is_dir(), reason=f"the pi0 reference fixture is not at {FIXTURE} (it is "
@@ -46,6 +45,19 @@ def reference(request):
     model_inputs = Pi0Inputs([inputs[f"image_{c}"] for c in CAMERAS], [inputs[f"image_mask_{c}"] for c in CAMERAS],
                              inputs["tokenized_prompt"], inputs["tokenized_prompt_mask"], inputs["state"])
     return request.param, load_pi0(str(folder)), model_inputs, inputs, outputs
+
+
+@torch.no_grad()
+def ode_actions(model, inputs: Pi0Inputs, noise: torch.Tensor, steps: int) -> torch.Tensor:
+    """openpi's Euler integration from noise to actions, as the agent runs it: the shipped
+    sampler's deterministic path over the model's velocity at the prompt's prefix cache."""
+    cache = model.prefix_cache(inputs)
+
+    def velocity(x, t, rows):
+        return model.velocity(cache.select(rows), inputs.state[rows], x, t), None
+
+    mask = torch.ones(noise.shape[-1])
+    return sample(FlowSamplerConfig(denoise_steps=steps), velocity, noise.float(), mask, deterministic=True).actions
 
 
 def close(actual: torch.Tensor, expected: torch.Tensor, what: str) -> None:
@@ -90,7 +102,7 @@ def test_the_velocity_matches_openpis(reference, t, tag):
 @pytest.mark.parametrize("steps", [10, 5])
 def test_sampled_actions_match_openpis(reference, steps):
     _, model, inputs, raw, out = reference
-    close(model.sample_actions(inputs, raw["noise"], steps), out[f"actions_steps{steps}"], f"{steps}-step actions")
+    close(ode_actions(model, inputs, raw["noise"], steps), out[f"actions_steps{steps}"], f"{steps}-step actions")
 
 
 def test_the_training_loss_matches_openpis_element_by_element(reference):
@@ -103,7 +115,7 @@ def test_the_training_loss_matches_openpis_element_by_element(reference):
 def test_state_moves_pi0s_actions_but_not_pi05s(reference):
     name, model, inputs, raw, _ = reference
     moved = Pi0Inputs(inputs.images, inputs.image_masks, inputs.tokens, inputs.token_mask, inputs.state + 0.5)
-    changed = (model.sample_actions(moved, raw["noise"], 3) - model.sample_actions(inputs, raw["noise"], 3)).abs().max()
+    changed = (ode_actions(model, moved, raw["noise"], 3) - ode_actions(model, inputs, raw["noise"], 3)).abs().max()
     assert (changed > 1e-3) == (name == "pi0"), changed
 
 
@@ -117,22 +129,23 @@ def test_resize_with_pad_matches_openpis_float_and_uint8_paths():
 
 
 def test_normalization_chains_match_openpis_figures():
-    data = np.load(FIXTURE / "normalization.npz")
+    """The agent's torch Normalizer against openpi's numpy figures: z-score (pi0) and
+    quantile (pi0.5) normalization of the state and actions, unnormalizing the model's
+    32-wide chunk (the padding left as it is), and pi0_libero's delta actions."""
+    data = {k: torch.from_numpy(v) for k, v in np.load(FIXTURE / "normalization.npz").items()}
     stats = read_norm_stats(find_norm_stats(str(FIXTURE / "norm_stats_example")))
     for quantile, tag in ((False, "zscore"), (True, "quantile")):
-        np.testing.assert_allclose(normalize(data["raw_state"], stats.state, quantile), data[f"{tag}_state"], atol=1e-6)
-        np.testing.assert_allclose(normalize(data["raw_actions"], stats.actions, quantile), data[f"{tag}_actions"],
-                                   atol=1e-6)
-    pi0 = unnormalize(data["model_actions"], stats.actions, quantile=False)
-    np.testing.assert_allclose(pi0, data["pi0_libero_unnormalized_actions32"], atol=1e-5)
-    state = unnormalize(data["pi0_libero_model_state"], stats.state, quantile=False)
-    env = pi0[..., :7].copy()
-    env[..., :6] += state[:, None, :6]  # pi0_libero's delta actions
-    np.testing.assert_allclose(env, data["pi0_libero_env_actions"], atol=1e-5)
-    pi05 = unnormalize(data["model_actions"], stats.actions, quantile=True)
-    np.testing.assert_allclose(pi05, data["pi05_libero_unnormalized_actions32"], atol=1e-5)
-    np.testing.assert_allclose(pi05[..., :7], data["pi05_libero_env_actions"], atol=1e-5)
-    assert np.array_equal(discretize_state(data["quantile_state"]), data["pi05_discretized_state"])
+        plain = Normalizer(stats, quantile=quantile)
+        close(plain.state(data["raw_state"]), data[f"{tag}_state"], f"{tag} state")
+        close(plain.model_actions(data["raw_actions"], data["raw_state"]), data[f"{tag}_actions"], f"{tag} actions")
+    close(Normalizer(stats, quantile=False).env_actions(data["model_actions"], data["raw_state"]),
+          data["pi0_libero_unnormalized_actions32"], "pi0's unnormalized chunk")
+    close(Normalizer(stats, quantile=True).env_actions(data["model_actions"], data["raw_state"]),
+          data["pi05_libero_unnormalized_actions32"], "pi0.5's unnormalized chunk")
+    delta = Normalizer(stats, quantile=False, delta_dims=6)
+    close(delta.env_actions(data["model_actions"][..., :7], data["raw_state"]), data["pi0_libero_env_actions"],
+          "pi0_libero's delta actions")
+    assert np.array_equal(discretize_state(data["quantile_state"].numpy()), data["pi05_discretized_state"].numpy())
 
 
 @pytest.mark.parametrize("name, quantile, delta", [("pi0", False, 6), ("pi05", True, 0)])
@@ -163,7 +176,7 @@ def test_a_folder_exported_loads_again_with_the_same_actions_and_openpis_keys(tm
     raw = arrays(FIXTURE / name / "inputs.npz")
     inputs = Pi0Inputs([raw[f"image_{c}"] for c in CAMERAS], [raw[f"image_mask_{c}"] for c in CAMERAS],
                        raw["tokenized_prompt"], raw["tokenized_prompt_mask"], raw["state"])
-    assert torch.equal(again.sample_actions(inputs, raw["noise"], 4), model.sample_actions(inputs, raw["noise"], 4))
+    assert torch.equal(ode_actions(again, inputs, raw["noise"], 4), ode_actions(model, inputs, raw["noise"], 4))
     with safe_open(tmp_path / "model.safetensors", "pt") as written, \
             safe_open(FIXTURE / name / "model.safetensors", "pt") as reference:
         assert set(written.keys()) == set(reference.keys())
@@ -185,7 +198,7 @@ def test_lerobots_prefixed_keys_and_rlinfs_split_files_load_as_openpis(tmp_path)
     raw = arrays(FIXTURE / "pi05" / "inputs.npz")
     inputs = Pi0Inputs([raw[f"image_{c}"] for c in CAMERAS], [raw[f"image_mask_{c}"] for c in CAMERAS],
                        raw["tokenized_prompt"], raw["tokenized_prompt_mask"], raw["state"])
-    expected = reference.sample_actions(inputs, raw["noise"], 3)
+    expected = ode_actions(reference, inputs, raw["noise"], 3)
     lerobot, rlinf = tmp_path / "lerobot", tmp_path / "rlinf"
     lerobot.mkdir()
     _save({f"model.{k}": v for k, v in tensors.items()}, lerobot / "model.safetensors")
@@ -197,7 +210,7 @@ def test_lerobots_prefixed_keys_and_rlinfs_split_files_load_as_openpis(tmp_path)
     (rlinf / "config.json").write_text(json.dumps(config))
     shutil.copytree(FIXTURE / "norm_stats_example" / "physical-intelligence", rlinf / "physical-intelligence")
     for folder in (lerobot, rlinf):
-        assert torch.equal(load_pi0(str(folder)).sample_actions(inputs, raw["noise"], 3), expected), folder.name
+        assert torch.equal(ode_actions(load_pi0(str(folder)), inputs, raw["noise"], 3), expected), folder.name
     assert find_norm_stats(str(rlinf), "physical-intelligence/libero").endswith(
         os.path.join("physical-intelligence", "libero", "norm_stats.json"))
 
@@ -234,7 +247,7 @@ def test_bfloat16_keeps_openpis_float32_islands_and_stays_near_float32():
     raw, out = arrays(FIXTURE / "pi05" / "inputs.npz"), arrays(FIXTURE / "pi05" / "outputs.npz")
     inputs = Pi0Inputs([raw[f"image_{c}"] for c in CAMERAS], [raw[f"image_mask_{c}"] for c in CAMERAS],
                        raw["tokenized_prompt"], raw["tokenized_prompt_mask"], raw["state"])
-    actions = model.sample_actions(inputs, raw["noise"], 10)
+    actions = ode_actions(model, inputs, raw["noise"], 10)
     assert actions.dtype == torch.float32
     error = (actions - out["actions_steps10"]).abs().max().item()
     assert error < 0.1 * out["actions_steps10"].abs().max().item(), error  # bfloat16's 8 bits, not float32's
@@ -263,7 +276,6 @@ def test_the_agent_turns_prompt_bytes_and_pixels_into_openpis_actions(name, step
     shipped sampler's deterministic path (openpi's Euler steps) and the unnormalizing out.
     Sample 0 has no right-wrist camera (its key is left out, as a LIBERO env has none)."""
     from fleetrl.agents.pi0.flow_vla_agent import BaseModel, FlowVLAAgent
-    from fleetrl.agents.pi0.sampler import FlowSamplerConfig
 
     folder = FIXTURE / name
     raw, out = arrays(folder / "inputs.npz"), arrays(folder / "outputs.npz")
@@ -302,9 +314,9 @@ def test_cutting_the_prompt_to_its_longest_row_or_filling_its_padding_changes_no
     _, model, inputs, raw, out = reference
     longest = int(inputs.token_mask.sum(1).max())
     cut = _with_tokens(inputs, inputs.tokens[:, :longest], inputs.token_mask[:, :longest])
-    close(model.sample_actions(cut, raw["noise"], 10), out["actions_steps10"], "actions of the cut prompt")
+    close(ode_actions(model, cut, raw["noise"], 10), out["actions_steps10"], "actions of the cut prompt")
     filled = torch.where(inputs.token_mask, inputs.tokens, torch.full_like(inputs.tokens, 7))
-    close(model.sample_actions(_with_tokens(inputs, filled, inputs.token_mask), raw["noise"], 10),
+    close(ode_actions(model, _with_tokens(inputs, filled, inputs.token_mask), raw["noise"], 10),
           out["actions_steps10"], "actions with other ids in the padding")
 
 
@@ -312,11 +324,11 @@ def test_the_eager_kernel_and_the_fused_one_agree(reference):
     _, model, inputs, raw, out = reference
     try:
         model.attention = "eager"
-        eager = model.sample_actions(inputs, raw["noise"], 5)
+        eager = ode_actions(model, inputs, raw["noise"], 5)
     finally:
         model.attention = "sdpa"
     close(eager, out["actions_steps5"], "eager attention's actions")
-    close(model.sample_actions(inputs, raw["noise"], 5), eager, "the fused kernel against the eager one")
+    close(ode_actions(model, inputs, raw["noise"], 5), eager, "the fused kernel against the eager one")
 
 
 def test_the_cache_written_in_place_and_the_joined_one_give_one_velocity(reference):

@@ -406,18 +406,7 @@ class Pi0Model(nn.Module):
     def _expert_dtype(self) -> torch.dtype:
         return self._expert.layers[0].self_attn.q_proj.weight.dtype
 
-    # ----- sampling and the training loss -----
-
-    @torch.no_grad()
-    def sample_actions(self, inputs: Pi0Inputs, noise: torch.Tensor, num_steps: int = 10) -> torch.Tensor:
-        """openpi's Euler integration from `noise` (t = 1) to actions (t = 0): [B, H, action_dim]."""
-        cache = self.prefix_cache(inputs)
-        dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
-        x, t = noise.float(), torch.tensor(1.0, dtype=torch.float32)
-        while t >= -dt / 2:
-            x = x + dt * self.velocity(cache, inputs.state, x, t.expand(x.shape[0]).to(x.device))
-            t = t + dt
-        return x
+    # ----- the training loss (sampling: agents/pi0/sampler.py) -----
 
     def loss(self, inputs: Pi0Inputs, actions: torch.Tensor, noise: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
         """The flow-matching loss per element [B, H, action_dim], from one joint pass."""

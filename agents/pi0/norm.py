@@ -86,31 +86,6 @@ def write_norm_stats(stats: NormStats, folder: str, asset_id: str) -> str:
     return path
 
 
-def normalize(x: np.ndarray, stats: Stats, quantile: bool) -> np.ndarray:
-    """x's last dim normalized by the statistics' first dims (x may be narrower)."""
-    d = x.shape[-1]
-    if quantile:
-        _need_quantiles(stats)
-        q01, q99 = stats.q01[:d], stats.q99[:d]
-        return ((x - q01) / (q99 - q01 + EPS) * 2.0 - 1.0).astype(np.float32)
-    return ((x - stats.mean[:d]) / (stats.std[:d] + EPS)).astype(np.float32)
-
-
-def unnormalize(x: np.ndarray, stats: Stats, quantile: bool) -> np.ndarray:
-    """The model's x (its padded width) back to the data's scale over the statistics' dims."""
-    width = x.shape[-1]
-    if quantile:
-        _need_quantiles(stats)
-        d = min(len(stats.q01), width)
-        out = x.astype(np.float64).copy()
-        out[..., :d] = (x[..., :d] + 1.0) / 2.0 * (stats.q99[:d] - stats.q01[:d] + EPS) + stats.q01[:d]
-        return out.astype(np.float32)
-    mean, std = np.zeros(width), np.ones(width)
-    d = min(len(stats.mean), width)
-    mean[:d], std[:d] = stats.mean[:d], stats.std[:d]
-    return (x * (std + EPS) + mean).astype(np.float32)
-
-
 def discretize_state(normalized: np.ndarray, bins: int = 256) -> np.ndarray:
     """pi0.5's state in the prompt: 256 bins over [-1, 1] (int64; below -1 is -1, as openpi's)."""
     return np.digitize(normalized, np.linspace(-1.0, 1.0, bins + 1)[:-1]) - 1
