@@ -1,4 +1,4 @@
-"""An image agent: a small conv torso, an LSTM neck and policy/value heads.
+"""An image agent: a small conv torso, then the shared LSTM neck and heads (agents/lstm_core.py).
 
 For tasks read from pixels over several steps (the gym_cards formula tasks show the
 formula so far only in the image). Images are [B, H, W, 3] uint8, as envs produce them.
@@ -9,7 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from fleetrl.agents.base import Agent, AgentOutput, Observation, State
+from fleetrl.agents.base import Observation
+from fleetrl.agents.lstm_core import LSTMCore
 from fleetrl.agents.observation_norm import RunningImageNorm
 from fleetrl.common.settings import check_choice
 
@@ -31,7 +32,7 @@ def conv_torso(image_size: int | tuple[int, int], channels: tuple[int, ...] = (3
     return body, features
 
 
-class ConvLSTMAgent(Agent):
+class ConvLSTMAgent(LSTMCore):
     def __init__(self, image_size: int | tuple[int, int], num_actions: int, channels: tuple[int, ...] = (32, 64, 64),
                  hidden_size: int = 256, lstm_size: int = 128, image_key: str = "image",
                  observation_norm: str = "image"):
@@ -50,15 +51,8 @@ class ConvLSTMAgent(Agent):
         # the norm that growth drove every LSTM gate into saturation (NumberLine's collapse to
         # one action, docs/notes/numberline_dips.md), where no gradient gets through to undo it.
         self.project = nn.Sequential(nn.Linear(width, hidden_size), nn.ReLU(), nn.LayerNorm(hidden_size))
-        self.core = nn.LSTMCell(hidden_size, lstm_size)
-        self.policy = nn.Linear(lstm_size, num_actions)
-        self.baseline = nn.Linear(lstm_size, 1)
+        self.build_core(hidden_size, lstm_size, num_actions, batch_key=image_key)
         _init_weights(self)
-
-    def initial_state(self, observation: Observation) -> State:
-        image = observation[self.image_key]
-        zeros = torch.zeros((image.shape[0], self.core.hidden_size), device=image.device)
-        return (zeros, zeros.clone())
 
     def torso(self, observation: Observation) -> torch.Tensor:
         if self.pixel_norm is not None:
@@ -74,13 +68,6 @@ class ConvLSTMAgent(Agent):
     def update_statistics(self, observation: Observation) -> None:
         if self.pixel_norm is not None:
             self.pixel_norm.update(observation[self.image_key])
-
-    def neck(self, torso_output: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
-        h, c = self.core(torso_output, state)
-        return h, (h, c)
-
-    def head(self, neck_output: torch.Tensor) -> AgentOutput:
-        return {"policy_logits": self.policy(neck_output), "baseline": self.baseline(neck_output).squeeze(-1)}
 
 
 def _init_weights(agent: ConvLSTMAgent) -> None:
