@@ -31,7 +31,7 @@ from typing import Any
 import gymnasium as gym
 import numpy as np
 
-from fleetrl.envs.libero.env import LANGUAGE_BYTES, encode_language
+from fleetrl.envs.libero.env import action_space, encode_language, observation_space
 
 IMAGE_KEYS = {"main_image": "agentview_rgb", "wrist_image": "eye_in_hand_rgb"}
 STATE_KEYS = ("ee_pos", "ee_ori", "gripper_states")
@@ -85,15 +85,12 @@ class LiberoDemoReplay(gym.Env):
                     self._demos.append((task, instruction, arrays))
         if not self._demos:
             raise ValueError(f"no demonstrations in {', '.join(paths)}")
-        image = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
+        # The env's observations, with the demonstration's next chunk as the oracle's.
         self.observation_space = gym.spaces.Dict({
-            "main_image": image, "wrist_image": image,
-            "state": gym.spaces.Box(-np.inf, np.inf, (8,), np.float32),
-            "language": gym.spaces.Box(0, 255, (LANGUAGE_BYTES,), np.uint8),
-            "task_id": gym.spaces.Box(0, len(paths) - 1, (), np.int64),
+            **observation_space(image_size, num_tasks=len(paths)).spaces,
             "oracle_action": gym.spaces.Box(-1, 1, (chunk_size, 7), np.float32),
         })
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (7,), np.float32)
+        self.action_space = action_space()
         self._demo, self._t = 0, 0
 
     @property

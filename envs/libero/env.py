@@ -68,6 +68,24 @@ def axis_angle(quaternion: np.ndarray) -> np.ndarray:
     return (np.array([x, y, z]) * 2.0 * math.acos(w) / den).astype(np.float32)
 
 
+def action_space() -> gym.spaces.Box:
+    """7 numbers in [-1, 1]: delta position and rotation, then the gripper (-1 open, +1
+    closed). A new one per env: a space holds its own random generator."""
+    return gym.spaces.Box(-1.0, 1.0, (7,), np.float32)
+
+
+def observation_space(image_size: int, num_tasks: int) -> gym.spaces.Dict:
+    """What a LIBERO env hands out, the demonstrations' replay too: main and wrist camera
+    images, the 8-dim state, the instruction as bytes and the task id."""
+    image = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
+    return gym.spaces.Dict({
+        "main_image": image, "wrist_image": image,
+        "state": gym.spaces.Box(-np.inf, np.inf, (8,), np.float32),
+        "language": gym.spaces.Box(0, 255, (LANGUAGE_BYTES,), np.uint8),
+        "task_id": gym.spaces.Box(0, num_tasks - 1, (), np.int64),
+    })
+
+
 def encode_language(text: str, length: int = LANGUAGE_BYTES) -> np.ndarray:
     data = text.encode("utf-8")[:length]
     return np.frombuffer(data.ljust(length, b"\0"), dtype=np.uint8).copy()
@@ -113,14 +131,8 @@ class LiberoEnv(gym.Env):
         self._sim = None
         self._sim_task: int | None = None
         self._gate: CameraGate | None = None
-        image = gym.spaces.Box(0, 255, (image_size, image_size, 3), np.uint8)
-        self.observation_space = gym.spaces.Dict({
-            "main_image": image, "wrist_image": image,
-            "state": gym.spaces.Box(-np.inf, np.inf, (8,), np.float32),
-            "language": gym.spaces.Box(0, 255, (LANGUAGE_BYTES,), np.uint8),
-            "task_id": gym.spaces.Box(0, max(all_tasks), (), np.int64),
-        })
-        self.action_space = gym.spaces.Box(-1.0, 1.0, (7,), np.float32)
+        self.observation_space = observation_space(image_size, num_tasks=len(all_tasks))
+        self.action_space = action_space()
 
     def _simulator(self, task: int):
         """The task's simulator; building one takes seconds, so it is kept while the task stays."""
