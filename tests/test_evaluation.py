@@ -205,3 +205,37 @@ def test_evaluation_progress_prints_as_episodes_finish_at_most_every_interval(ca
     progress({e: {"return": float(e), "success": 0.0} for e in range(4)})  # the last: always
     assert capsys.readouterr().out.splitlines() == ["episodes 1/4 | return 1 | success 1",
                                                     "episodes 4/4 | return 1.5 | success 0"]
+
+
+def test_eval_inference_plays_the_problems_own_agent_step_with_no_extras_and_the_mode():
+    """Eval's forward pass is training's (`policy_step` in learner/inference/inference_step.py):
+    the Problem's own agent_step runs, the step's extras hidden from it and from the action
+    choice (no oracle plays an eval episode), and the action is the policy's mode."""
+    import numpy as np
+
+    from fleetrl.learner.evaluation.eval_inference import EvalInference, EvalRequest
+    from fleetrl.learner.inference.env_state_store import build_state_store
+    from fleetrl.learner.inference.inference_step import StepRequest
+    from fleetrl.problems.cartpole import CartPoleProblem
+
+    seen = []
+
+    class Watched(CartPoleProblem):
+        def agent_step(self, agent, observation, first, state, extras):
+            seen.append(dict(extras))
+            return super().agent_step(agent, observation, first, state, extras)
+
+    problem = Watched.from_hparams({})
+    agent = problem.make_agent()
+    store = build_state_store(problem, agent, 4, torch.device("cpu"), record=False)
+    inference = EvalInference(problem, store, torch.device("cpu"))
+    slots, run_ids = store.allocate(6), np.arange(1, 7, dtype=np.uint64)
+    observation = {"observation": np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)}
+    request = StepRequest(slots=slots, run_ids=run_ids, observation=observation,
+                          extras={"teacher_forcing": np.ones(6, bool)}, reward=np.zeros(6, np.float32),
+                          terminated=np.zeros(6, bool), truncated=np.zeros(6, bool))
+    [reply] = inference([EvalRequest(step=request, agent=agent)])
+    assert seen == [{}]
+    with torch.no_grad():
+        logits = agent.head(agent.torso({"observation": torch.from_numpy(observation["observation"])}))
+    np.testing.assert_array_equal(reply["action"], logits["policy_logits"].argmax(-1).numpy())

@@ -17,7 +17,7 @@ import torch
 from fleetrl.agents.base import Agent
 from fleetrl.learner.inference.device_transfer import DeviceTransfer
 from fleetrl.learner.inference.env_state_store import EnvStateStore
-from fleetrl.learner.inference.inference_step import BatchedSteps, StepRequest, joined_ids, split_rows
+from fleetrl.learner.inference.inference_step import StepRequest, batch_requests, policy_step, split_rows
 from fleetrl.problems.base import Problem
 
 
@@ -51,15 +51,10 @@ class EvalInference:
         return replies
 
     def _act(self, agent: Agent, requests: Sequence[StepRequest]) -> dict[str, np.ndarray]:
-        ids = joined_ids(requests)
-        first, state, prev_action = self.store.lookup(*ids)
-        step = BatchedSteps.of(requests, ids, first, self.transfer)
-        obs = {**step.observation, **{f"prev_action/{k}": v for k, v in prev_action.items()}}
+        step, obs, state = batch_requests(requests, self.store, self.transfer)
         with torch.inference_mode():
-            out, new_state = agent.step(obs, step.rows["first"], state)
-            # The policy's own action: eval never executes an oracle's, whatever the extras say.
-            actions = self.problem.select_actor_action(out, obs, {}, deterministic=True)
+            _, new_state, actions = policy_step(self.problem, agent, step, obs, state, evaluation=True)
             sent = self.transfer.to_host({name: actions[name] for name in self.sent})
         self.store.end_step(step.slots, step.run_ids, None, state, new_state, actions, step.ended)
-        self.env_steps += int((~first).sum())
+        self.env_steps += int((~step.first).sum())
         return {name: value.numpy() for name, value in sent.items()}

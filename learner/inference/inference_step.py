@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from fleetrl.agents.base import Agent
+from fleetrl.agents.base import Agent, AgentOutput, Observation, State
 from fleetrl.learner.inference.device_transfer import DeviceTransfer
 from fleetrl.learner.inference.env_state_store import EnvStateStore
 from fleetrl.learner.policy_version import PolicyVersion
@@ -93,6 +93,27 @@ def split_rows(arrays: dict[str, np.ndarray], requests: Sequence[StepRequest]) -
     return [{k: v[a:b] for k, v in arrays.items()} for a, b in zip(bounds[:-1], bounds[1:])]
 
 
+def batch_requests(requests: Sequence[StepRequest], store: EnvStateStore, transfer: DeviceTransfer
+                   ) -> tuple[BatchedSteps, Observation, State]:
+    """The requests' steps as one batch on the device, each env's recurrent state and its
+    previous action (`prev_action/<name>` beside the observation) looked up in the store."""
+    ids = joined_ids(requests)
+    first, state, prev_action = store.lookup(*ids)
+    step = BatchedSteps.of(requests, ids, first, transfer)
+    observation = {**step.observation, **{f"prev_action/{k}": v for k, v in prev_action.items()}}
+    return step, observation, state
+
+
+def policy_step(problem: Problem, agent: Agent, step: BatchedSteps, observation: Observation, state: State,
+                evaluation: bool = False) -> tuple[AgentOutput, State, dict[str, torch.Tensor]]:
+    """The forward pass and the actors' actions, for training's inference and eval's alike:
+    (agent output, new state, actions). Evaluation picks the policy's deterministic action
+    and hides the step's extras, so that an oracle never plays an eval episode."""
+    extras = {} if evaluation else step.extras
+    out, new_state = problem.agent_step(agent, observation, step.rows["first"], state, extras)
+    return out, new_state, problem.select_actor_action(out, observation, extras, deterministic=evaluation)
+
+
 class InferenceStep:
     def __init__(self, problem: Problem, agent: Agent, policy: PolicyVersion, store: EnvStateStore,
                  emit_unroll: Callable[[Unroll], bool], device: torch.device, transfer: str = "auto"):
@@ -108,14 +129,10 @@ class InferenceStep:
         self.batch_envs = 0
 
     def __call__(self, requests: Sequence[StepRequest]) -> list[dict[str, np.ndarray]]:
-        ids = joined_ids(requests)
-        first, state, prev_action = self.store.lookup(*ids)
-        step = BatchedSteps.of(requests, ids, first, self.transfer)
-        obs = {**step.observation, **{f"prev_action/{k}": v for k, v in prev_action.items()}}
+        step, obs, state = batch_requests(requests, self.store, self.transfer)
         with self.policy.lock, torch.inference_mode():
             version = self.policy.version
-            out, new_state = self.problem.agent_step(self.agent, obs, step.rows["first"], state, step.extras)
-            actions = self.problem.select_actor_action(out, obs, step.extras)
+            out, new_state, actions = policy_step(self.problem, self.agent, step, obs, state)
             log_prob = self.problem.action_log_prob(out, actions)
             value = out["baseline"] if "baseline" in out else torch.zeros(len(step), device=log_prob.device)
         # The one wait for the device. Out of the lock: an optimizer step enqueued meanwhile runs
@@ -131,7 +148,7 @@ class InferenceStep:
             if not self.emit_unroll(unroll):
                 break
 
-        self.env_steps += int((~first).sum())
+        self.env_steps += int((~step.first).sum())
         self.batches += 1
         self.batch_envs += len(step)
         return split_rows({k: v.numpy() for k, v in sent.items()}, requests)
