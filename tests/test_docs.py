@@ -169,3 +169,30 @@ def test_every_relative_link_in_the_docs_reaches_a_file(repo_root):
                 broken.append(f"{page.relative_to(repo_root)} -> {target}")
     assert not broken, broken
     assert checked >= 20
+
+
+def test_the_code_walks_name_files_and_functions_that_exist(repo_root):
+    """docs/algorithms.md's PPO and V-trace walks and docs/architecture.md's map name files
+    and the functions to search for: each must still exist, or the walk misleads."""
+    import re
+
+    paths = [path for path in repo_root.rglob("*") if ".venv" not in path.parts and ".git" not in path.parts]
+    sources = "\n".join(path.read_text() for path in paths if path.suffix == ".py")
+    relative = {path.relative_to(repo_root).as_posix() + ("/" if path.is_dir() else "") for path in paths}
+    missing = []
+    for doc in ("docs/algorithms.md", "docs/architecture.md"):
+        text = (repo_root / doc).read_text()
+        if doc.endswith("algorithms.md"):
+            text = text[text.index("## One PPO batch"):text.index("## Episode ends")]
+        for name in re.findall(r"`([^`\s]+)`", text):
+            if name.endswith((".py", "/")):  # a path from the root, or within the room a table names
+                if not any(path == name or path.endswith("/" + name) for path in relative):
+                    missing.append(f"{doc}: {name}")
+            elif re.fullmatch(r"[A-Z]\w*\.\w+", name):  # Class.method or Class.attribute
+                cls, member = name.split(".")
+                if f"class {cls}" not in sources or not re.search(rf"def {member}\b|self\.{member} =", sources):
+                    missing.append(f"{doc}: {name}")
+            elif re.fullmatch(r"[a-z]+_[a-z_]+", name) and name not in sources:
+                missing.append(f"{doc}: {name}")
+    assert len(re.findall(r"`[^`\s]+\.py`", (repo_root / "docs/algorithms.md").read_text())) > 10
+    assert not missing, "named in the docs but not in the code: " + ", ".join(missing)
