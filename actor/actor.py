@@ -35,6 +35,7 @@ from fleetrl.actor.eval_episodes import EvalEpisodes, Pending
 from fleetrl.envs.space_check import EnvSpaceError
 from fleetrl.envs.vector import make_vector_env
 from fleetrl.problems.base import Problem
+from fleetrl.problems.eval_records import eval_records
 from fleetrl.problems.registry import load_problem, trusted_problem_class
 from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb
@@ -169,7 +170,7 @@ class Actor:
         n, action_specs = self.config.num_envs, problem.action_specs()
         run_ids = new_run_ids(n)
         handshake = handshake_message(problem_name, problem, self.actor_id, self.config.num_envs, pb.EVAL)
-        send_records = problem.learner_writes_eval_records()
+        send_records = eval_records(problem).learner_writes_eval_records()
 
         def play(requests: queue.SimpleQueue, responses) -> bool:
             log.info("connected to %s as eval actor %s", self.learner_address, self.actor_id)

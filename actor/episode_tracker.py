@@ -2,7 +2,7 @@
 
 The step after an episode's end is the reset of the next one (reward 0, not a
 transition), so it counts toward neither episode. Each finished episode is reported with
-the Problem's own metrics and its episode group (`Problem.episode_group`), both from the
+the Problem's own metrics and its episode group (`fleetrl.envs.teacher_forcing.episode_group`), both from the
 info of its last step.
 """
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from fleetrl.envs.teacher_forcing import episode_group
 from fleetrl.problems.base import Problem
 from fleetrl.proto import learner_pb2 as pb
 
@@ -47,7 +48,7 @@ class EpisodeTracker:
             if self._problem is not None:
                 final_info = env_info(info, int(i))
                 metrics.update(self._problem.episode_metrics(final_info))
-                group = self._problem.episode_group(final_info)
+                group = episode_group(final_info)
             finished.append(pb.EpisodeStats(env_index=int(i), metrics=metrics, group=group))
         self._returns[ended] = 0.0
         self._lengths[ended] = 0

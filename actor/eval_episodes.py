@@ -21,6 +21,7 @@ import numpy as np
 
 from fleetrl.actor.extras import env_extras
 from fleetrl.problems.base import Problem
+from fleetrl.problems.eval_records import eval_records
 
 # (env index, episode, one env's observation, whether the episode just ended)
 FrameHook = Callable[[int, int, Mapping[str, np.ndarray], bool, gym.Env], None]
@@ -52,6 +53,7 @@ class Pending:
 class EvalEpisodes:
     def __init__(self, problem: Problem, num_envs: int, on_frame: FrameHook | None = None):
         self.problem = problem
+        self.records = eval_records(problem)
         self.envs = [problem.make_eval_env() for _ in range(num_envs)]
         self._extra_specs = problem.extra_specs()
         self._on_frame = on_frame
@@ -115,8 +117,8 @@ class EvalEpisodes:
             if terminated or truncated:
                 metrics = {"return": state["return"], "length": float(state["length"])}
                 metrics.update(self.problem.episode_metrics(info))
-                self._finished.append(FinishedEpisode(i, self._episode[i], metrics, self.problem.episode_record(info),
-                                                      self.problem.eval_images(info)))
+                self._finished.append(FinishedEpisode(i, self._episode[i], metrics, self.records.episode_record(info),
+                                                      self.records.eval_images(info)))
 
     def _reset(self, i: int, episode: int) -> None:
         seed, options = self.problem.eval_reset(episode)

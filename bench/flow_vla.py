@@ -72,7 +72,8 @@ def ppo_batch(problem, agent, batch: int, length: int, device: torch.device) -> 
     obs = observations(problem, batch, device)
     with torch.no_grad():
         out, _ = agent.step(obs, torch.ones(batch, dtype=torch.bool, device=device), ())
-    actions = problem.select_actor_action(out, obs, {})
+    policy = problem.action_policy()
+    actions = policy.select_actor_action(out, obs, {})
     steps, k = length + 1, problem.config.chunk_size
     extras = {ACTION_REWARDS: torch.rand(steps, batch, k, device=device),
               ACTIONS_EXECUTED: torch.full((steps, batch), k, device=device)} if k > 1 else {}
@@ -83,7 +84,7 @@ def ppo_batch(problem, agent, batch: int, length: int, device: torch.device) -> 
         reward=torch.rand(steps, batch, device=device), terminated=torch.zeros(steps, batch, dtype=torch.bool,
                                                                               device=device),
         truncated=torch.zeros(steps, batch, dtype=torch.bool, device=device),
-        behaviour_log_prob=repeat(problem.action_log_prob(out, actions)), behaviour_value=repeat(out["baseline"]),
+        behaviour_log_prob=repeat(policy.action_log_prob(out, actions)), behaviour_value=repeat(out["baseline"]),
         policy_version=torch.zeros(steps, batch, dtype=torch.int64, device=device), initial_state=())
 
 

@@ -34,10 +34,12 @@ def define_flags() -> None:
 
 
 def step_fn(problem, agent):
+    policy = problem.action_policy()
+
     def step(observation, first, state):
         out, new_state = problem.agent_step(agent, observation, first, state, {})
-        actions = problem.select_actor_action(out, observation, {})
-        return actions, problem.action_log_prob(out, actions), new_state
+        actions = policy.select_actor_action(out, observation, {})
+        return actions, policy.action_log_prob(out, actions), new_state
 
     return step
 

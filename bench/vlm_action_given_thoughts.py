@@ -47,7 +47,7 @@ def answer_log_probs(problem, agent, observation: dict[str, torch.Tensor]) -> to
         answers = {k[len("oracle_"):]: v.unsqueeze(0) for k, v in out.items() if k.startswith("oracle_")}
         scored, _ = agent.unroll({k: v.unsqueeze(0) for k, v in observation.items()},
                                  torch.zeros(1, count, dtype=torch.bool), (), answers)
-    return problem.teacher_forcing_log_prob(scored, answers)[0]
+    return problem.action_policy().teacher_forcing_log_prob(scored, answers)[0]
 
 
 def p_right_by_state(path: str, states: int) -> dict[str, float]:

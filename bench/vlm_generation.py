@@ -55,7 +55,7 @@ def one_step_batch(problem, obs, out) -> UnrollBatch:
     """Two steps per env (an unroll of T=1): the answers, zero rewards, all valid."""
     count = len(out["num_tokens"])
     actions = {k: out[k] for k in ("tokens", "num_tokens", "thought_tokens", "text", "text_length")}
-    log_prob = problem.action_log_prob(out, actions)
+    log_prob = problem.action_policy().action_log_prob(out, actions)
     twice = lambda x: torch.stack([x, x]).cpu()  # noqa: E731
     return UnrollBatch(
         observation={k: twice(v) for k, v in obs.items()}, action={k: twice(v) for k, v in actions.items()},

@@ -8,9 +8,9 @@ its own (seeded by the first seeded reset, so runs repeat). Every step of the ep
 reports the draw as info["teacher_forcing"].
 
 The actor sends that as a per-step extra (`Problem.extra_specs`); the learner executes the
-oracle's action for forced steps (`Problem.select_actor_action`), and the loss trains them
+oracle's action for forced steps (`ActionPolicy.select_actor_action`), and the loss trains them
 by cross-entropy (`fleetrl.losses.algorithms`). A forced episode's metrics go to the
-"teacher" episode group (`Problem.episode_group`), so they never count as the policy's.
+"teacher" episode group (`episode_group`), so they never count as the policy's.
 """
 
 from __future__ import annotations
@@ -21,6 +21,20 @@ import gymnasium as gym
 import numpy as np
 
 TEACHER_FORCING = "teacher_forcing"  # bool, in the step's info and in `UnrollBatch.extras`
+# Episode groups: only "train" episodes are the policy's own.
+TRAIN, TEACHER = "train", "teacher"
+
+
+def episode_group(final_info: Any) -> str:
+    """The TensorBoard group of an episode's metrics: "train" counts toward the recent-return
+    window and --target_mean_return; teacher-forced episodes (which executed the oracle's
+    actions) go to "teacher"."""
+    return TEACHER if final_info.get(TEACHER_FORCING) else TRAIN
+
+
+def episode_groups(teacher_forcing_fraction: float) -> tuple[str, ...]:
+    """The groups a run's episodes fall in."""
+    return (TRAIN, TEACHER) if teacher_forcing_fraction > 0 else (TRAIN,)
 
 
 class TeacherForcingDraws(gym.Wrapper):

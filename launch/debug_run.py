@@ -42,6 +42,7 @@ from fleetrl.learner.run.summaries import TrainSummaries
 from fleetrl.learner.run.training_run import TrainingRun
 from fleetrl.learner.transport.step_intake import StepIntake
 from fleetrl.problems.base import Problem
+from fleetrl.problems.eval_records import eval_records
 from fleetrl.problems.registry import load_problem
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto.run_ids import new_run_ids
@@ -85,7 +86,7 @@ class DebugEvalActor:
         self.episodes = EvalEpisodes(problem, self.num_envs)
         self.slots = run.eval_store.allocate(self.num_envs)
         self.run_ids = new_run_ids(self.num_envs)
-        self.send_records = problem.learner_writes_eval_records()
+        self.send_records = eval_records(problem).learner_writes_eval_records()
         run.actors.join(self.actor_id, pb.EVAL, float("inf"))
 
     def play_round(self) -> None:

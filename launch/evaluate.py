@@ -32,6 +32,7 @@ from fleetrl.learner.evaluation.eval_inference import EvalInference, EvalRequest
 from fleetrl.learner.inference.env_state_store import build_state_store
 from fleetrl.learner.inference.inference_step import StepRequest
 from fleetrl.learner.run.saved_policy import load_policy, pretrained_policy
+from fleetrl.problems.eval_records import eval_records
 from fleetrl.problems.hparams import parse_hparams
 from fleetrl.proto.run_ids import new_run_ids
 
@@ -128,7 +129,7 @@ def main(argv: list[str]) -> int:
               "policy_version": checkpoint["policy_version"], "episodes": episodes,
               "metrics": {n: float(np.mean(v)) for n, v in table.items()}, "per_episode": per_episode}
     atomic_write_json(os.path.join(output, "metrics.json"), report, indent=2)  # a NaN mean is null
-    for path in problem.write_eval_records(records, output):
+    for path in eval_records(problem).write_eval_records(records, output):
         print(f"wrote {path}")
     if recorder is not None:
         with SummaryWriter(output) as writer:

@@ -3,8 +3,8 @@
 A Problem is everything task-specific, in one place that fits on a page:
 
 - actor side: `make_env`, `episode_metrics` and `eval_reset` (actors never build an agent);
-- learner side: `make_agent`, `make_optimizer`, the action distribution,
-  `select_actor_action`, and the training `algorithm` (see fleetrl.losses.algorithms).
+- learner side: `make_agent`, `make_optimizer`, the `action_policy` (how agent outputs
+  become actions and log-probs) and the training `algorithm` (see fleetrl.losses.algorithms).
 
 A Problem holds its config and nothing else: no counters, no buffers, no RNG. All run
 state lives in the learner and actor, so a Problem can be rebuilt anywhere from its name
@@ -31,12 +31,10 @@ from fleetrl.envs.teacher_forcing import TEACHER_FORCING, TeacherForcingDraws
 from fleetrl.losses.algorithms import ALGORITHMS, Algorithm, get_algorithm, unread_setting
 from fleetrl.losses.config import LossConfig
 from fleetrl.losses.lr_schedule import SCHEDULES
+from fleetrl.problems.action_policy import POLICY_METHODS, ActionPolicy
 from fleetrl.problems.defaults import LaunchDefaults, LearnerDefaults
 from fleetrl.problems.hparams import apply_hparams
 from fleetrl.proto.tensors import Specs, TensorSpec, specs_from_space
-
-# Episode groups (`Problem.episode_group`): only "train" episodes are the policy's own.
-TRAIN, TEACHER = "train", "teacher"
 
 
 @dataclasses.dataclass
@@ -119,6 +117,12 @@ class Problem:
         if unread:
             raise ValueError(unread)
 
+    def __getattr__(self, name: str) -> Any:
+        # Problems written before action policies call these on themselves: they still answer.
+        if name in POLICY_METHODS:
+            return getattr(self.action_policy(), name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
     @classmethod
     def from_hparams(cls, overrides: Mapping[str, str]) -> Problem:
         return cls(apply_hparams(cls.Config(), overrides))
@@ -179,47 +183,6 @@ class Problem:
         docs/reliability.md). A Problem that keeps the base `episode_metrics` reports none."""
         return () if type(self).episode_metrics is Problem.episode_metrics else None
 
-    def eval_metric_names(self) -> tuple[str, ...]:
-        """Names that only eval episodes report, besides `episode_metric_names` (an eval
-        split's own, say)."""
-        return ()
-
-    def episode_group(self, final_info: Mapping[str, Any]) -> str:
-        """The TensorBoard group of an episode's metrics, one of `episode_groups()`. Only
-        "train" episodes count toward the recent-return window and --target_mean_return;
-        teacher-forced ones (which executed the oracle's actions) go to "teacher"."""
-        return TEACHER if final_info.get(TEACHER_FORCING) else TRAIN
-
-    def episode_groups(self) -> tuple[str, ...]:
-        return (TRAIN, TEACHER) if self.config.teacher_forcing_fraction > 0 else (TRAIN,)
-
-    def eval_images(self, final_info: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        """Pictures of an eval episode ({tag: [H, W, 3] uint8}) that eval actors send with its
-        metrics, for TensorBoard's eval/ images. Keep it to a few episodes per round."""
-        return {}
-
-    def episode_record(self, final_info: Mapping[str, Any]) -> dict[str, Any] | None:
-        """What `launch.evaluate` keeps of an eval episode for `write_eval_records` (say, its
-        trajectory); None keeps nothing. Stays on the machine that plays it."""
-        return None
-
-    def write_eval_records(self, records: list[dict[str, Any]], output: str, suffix: str = "") -> list[str]:
-        """Writes the eval episodes' records (in episode order) under `output`, in whatever
-        format outside tools expect, with `suffix` at the end of each file's stem (the
-        learner passes "_{policy_version}"); returns the files written."""
-        return []
-
-    def learner_writes_eval_records(self) -> bool:
-        """Whether eval actors send each eval episode's record to the learner, which then
-        writes every complete eval round with `write_eval_records` under <logdir>/eval_records.
-        Records travel as bounded JSON (proto/episode_records.py), so keep them small."""
-        return False
-
-    def check_episode_record(self, record: Mapping[str, Any]) -> None:
-        """Raises ValueError, naming the field, for a record that `episode_record` could not
-        have made. The learner calls it on every record that comes over the wire, before
-        `write_eval_records` sees it."""
-
     # ----- specs, shared by both sides and checked at the handshake -----
 
     @functools.cached_property
@@ -247,12 +210,6 @@ class Problem:
         """The env's action space, which bounds every action actors execute."""
         return self._spaces[1]
 
-    def learner_action_specs(self) -> Specs:
-        """Fields of `select_actor_action`'s output that the learner records with each step,
-        for training, and never sends to actors (a flow policy's denoising chain, say); the
-        actors get the `action_specs` fields alone. Declare each one's dtype and shape."""
-        return ()
-
     def extra_specs(self) -> Specs:
         """Per-step extras that actors send beside each observation: fields that features or
         the algorithm need in training, never model inputs. An actor reads each from the
@@ -278,25 +235,10 @@ class Problem:
         return torch.optim.Adam(params, lr=self.config.learning_rate, eps=self.config.adam_eps,
                                 betas=self.config.adam_betas(), fused=True)
 
-    def policy_logits_size(self) -> int:
-        """How many logits the default categorical policy reads: the Discrete space's n, or
-        K * n for chunks of K actions (a MultiDiscrete space)."""
-        space = self._spaces[1]
-        if isinstance(space, gym.spaces.MultiDiscrete):
-            return int(space.nvec.sum())
-        if isinstance(space, gym.spaces.Discrete):
-            return int(space.n)
-        raise ValueError(f"{type(self).__name__}: the categorical policy needs a Discrete action space, "
-                         f"not {type(space).__name__}; override action_distribution")
-
-    def action_distribution(self, agent_output: AgentOutput) -> torch.distributions.Distribution:
-        """The policy over the single action "action"; the default is categorical over
-        policy_logits, one categorical per action of a chunk."""
-        logits = agent_output["policy_logits"]
-        if self.config.chunk_size > 1:
-            logits = logits.unflatten(-1, (self.config.chunk_size, -1))
-        # The logits come from the agent, not from users: checking their support each call costs more than the op.
-        return torch.distributions.Categorical(logits=logits, validate_args=False)
+    def action_policy(self) -> ActionPolicy:
+        """How agent outputs become the actions actors execute and the log-probs the losses
+        read (problems/action_policy.py); the default is categorical over `policy_logits`."""
+        return ActionPolicy(self.config, self.action_space(), problem=self)
 
     def agent_step(self, agent: Agent, observation: Observation, first: torch.Tensor, state: State,
                    extras: Mapping[str, torch.Tensor]) -> tuple[AgentOutput, State]:
@@ -304,32 +246,6 @@ class Problem:
         expensive to draw can use the step's extras to skip the rows that do not need them
         (the VLM Problems skip generation in teacher-forced episodes, which play the oracle)."""
         return agent.step(observation, first, state)
-
-    def select_actor_action(self, agent_output: AgentOutput, observation: Observation,
-                            extras: Mapping[str, torch.Tensor], deterministic: bool = False) -> dict[str, torch.Tensor]:
-        """The actions the actors execute: a sample, or the mode when deterministic (eval),
-        or the oracle's action in teacher-forced episodes (the extra "teacher_forcing")."""
-        dist = self.action_distribution(agent_output)
-        action = dist.mode if deterministic else dist.sample()
-        forced = extras.get(TEACHER_FORCING)
-        if forced is not None and bool(forced.any()):
-            oracle = observation[self.config.oracle_key].to(action.dtype)
-            action = torch.where(forced.reshape(-1, *[1] * (action.dim() - 1)), oracle, action)
-        return {"action": action}
-
-    def action_log_prob(self, agent_output: AgentOutput, actions: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """[T, B] log-probs; with action chunks, unreduced: [T, B, K] or [T, B, K, D] per
-        token, which the algorithm sums as `logprob_type` says (fleetrl.losses.chunks)."""
-        return self.action_distribution(agent_output).log_prob(actions["action"])
-
-    def teacher_forcing_log_prob(self, agent_output: AgentOutput, actions: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        """What teacher forcing's cross-entropy maximizes on the oracle's actions; the policy's
-        log-prob by default (a text policy counts every token of the oracle's answer fully)."""
-        return self.action_log_prob(agent_output, actions)
-
-    def entropy(self, agent_output: AgentOutput) -> torch.Tensor:
-        """The policy's entropy, in the shape of `action_log_prob`."""
-        return self.action_distribution(agent_output).entropy()
 
     def algorithm(self) -> Algorithm:
         """How batches of unrolls train the agent; the default is `config.algorithm` from the registry."""

@@ -40,7 +40,7 @@ class CartPoleProblem(Problem):
 
     def make_agent(self) -> Agent:
         (obs_spec,) = self.observation_specs()
-        return MLPAgent(obs_spec.shape[0], self.policy_logits_size(), self.config.hidden_sizes,
+        return MLPAgent(obs_spec.shape[0], self.action_policy().policy_logits_size(), self.config.hidden_sizes,
                         shared_torso=self.config.shared_torso)
 
 
@@ -57,4 +57,5 @@ class CartPoleLSTMProblem(CartPoleProblem):
 
     def make_agent(self) -> Agent:
         (obs_spec,) = self.observation_specs()
-        return LSTMAgent(obs_spec.shape[0], self.policy_logits_size(), self.config.hidden_sizes, self.config.lstm_size)
+        return LSTMAgent(obs_spec.shape[0], self.action_policy().policy_logits_size(), self.config.hidden_sizes,
+                         self.config.lstm_size)

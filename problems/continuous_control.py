@@ -1,7 +1,7 @@
 """Continuous control with Gaussian policies: Pendulum-v1, and a base for any Box-action env.
 
-`GaussianPolicyProblem` is the policy part alone, for Problems with agents of their own
-(LIBERO's VLA agent).
+`GaussianPolicy` is the policy part alone, and `GaussianPolicyProblem` a Problem that
+uses it, for Problems with agents of their own (LIBERO's VLA agent).
 
 The action bounds come from the env's action space; `action_squash` picks how the policy
 respects them (see `fleetrl.agents.distributions`).
@@ -21,6 +21,7 @@ from fleetrl.agents.base import AgentOutput
 from fleetrl.agents.distributions import SQUASHES, bounded_normal
 from fleetrl.common.settings import check_choice, setting
 from fleetrl.envs.env_ids import check_env_id
+from fleetrl.problems.action_policy import ActionPolicy
 from fleetrl.problems.base import Problem, ProblemConfig
 
 
@@ -35,13 +36,12 @@ class GaussianPolicyConfig(ProblemConfig):
         check_choice("action_squash", self.action_squash, SQUASHES)
 
 
-class GaussianPolicyProblem(Problem):
-    """A Box action space and an agent that outputs action_mean and action_log_std."""
-
-    Config = GaussianPolicyConfig
+class GaussianPolicy(ActionPolicy):
+    """A Gaussian policy over a Box action space, from the agent's action_mean and
+    action_log_std, kept to the bounds as `action_squash` says."""
 
     def action_distribution(self, agent_output: AgentOutput) -> torch.distributions.Distribution:
-        space = self._spaces[1]  # with chunks, [K, D]: the agent's K * D outputs are unflattened to it
+        space = self.action_space  # with chunks, [K, D]: the agent's K * D outputs are unflattened to it
         mean, log_std = agent_output["action_mean"], agent_output["action_log_std"]
         if self.config.chunk_size > 1:
             mean, log_std = mean.unflatten(-1, space.shape), log_std.unflatten(-1, space.shape)
@@ -57,6 +57,15 @@ class GaussianPolicyProblem(Problem):
     def entropy(self, agent_output: AgentOutput) -> torch.Tensor:
         dist = self.action_distribution(agent_output)
         return dist.entropy_per_dimension() if self.config.chunk_size > 1 else dist.entropy()
+
+
+class GaussianPolicyProblem(Problem):
+    """A Box action space and an agent that outputs action_mean and action_log_std."""
+
+    Config = GaussianPolicyConfig
+
+    def action_policy(self) -> ActionPolicy:
+        return GaussianPolicy(self.config, self.action_space(), problem=self)
 
 
 @dataclasses.dataclass

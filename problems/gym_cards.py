@@ -98,7 +98,8 @@ class GymCardsProblem(Problem):
                         oracle_accuracy=c.solver_accuracy if c.teacher_forcing_fraction > 0 else None)
 
     def make_agent(self) -> Agent:
-        return ConvLSTMAgent(self.config.image_size, self.policy_logits_size(), tuple(self.config.conv_channels),
+        logits = self.action_policy().policy_logits_size()
+        return ConvLSTMAgent(self.config.image_size, logits, tuple(self.config.conv_channels),
                              lstm_size=self.config.lstm_size, observation_norm=self.config.observation_norm)
 
     def episode_metrics(self, final_info: Mapping[str, Any]) -> dict[str, float]:

@@ -16,19 +16,16 @@ Problem (`--learning_rate=...`).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 
 import gymnasium as gym
 import numpy as np
-import torch
 from gymnasium.envs.registration import load_env_creator
 
 from fleetrl.agents import Agent, GaussianMLPAgent, MLPAgent
-from fleetrl.agents.base import AgentOutput
 from fleetrl.agents.conv_lstm import ConvLSTMAgent
 from fleetrl.common.settings import setting
 from fleetrl.envs.env_ids import check_env_id
-from fleetrl.problems.base import Problem
+from fleetrl.problems.action_policy import ActionPolicy
 from fleetrl.problems.continuous_control import GaussianPolicyConfig, GaussianPolicyProblem
 
 
@@ -77,12 +74,13 @@ class GymProblem(GaussianPolicyProblem):
             if not self._discrete_actions:
                 raise ValueError(f"problem gym: {self.config.env_id} has image observations and Box actions; the "
                                  "conv agent has a categorical policy only")
-            return ConvLSTMAgent(tuple(obs_space.shape[:2]), self.policy_logits_size(),
+            return ConvLSTMAgent(tuple(obs_space.shape[:2]), self.action_policy().policy_logits_size(),
                                  tuple(self.config.conv_channels), lstm_size=self.config.lstm_size,
                                  image_key="observation")
         size = int(np.prod(obs_space.shape))
         if self._discrete_actions:
-            return MLPAgent(size, self.policy_logits_size(), self.config.hidden_sizes, shared_torso=False)
+            return MLPAgent(size, self.action_policy().policy_logits_size(), self.config.hidden_sizes,
+                            shared_torso=False)
         if not isinstance(action_space, gym.spaces.Box):
             raise ValueError(f"problem gym: {self.config.env_id} acts in {type(action_space).__name__}; this Problem "
                              "takes Discrete or Box actions")
@@ -93,22 +91,11 @@ class GymProblem(GaussianPolicyProblem):
     def _discrete_actions(self) -> bool:
         return isinstance(self._spaces[1], (gym.spaces.Discrete, gym.spaces.MultiDiscrete))
 
-    # The policy: categorical for Discrete actions (Problem's), Gaussian for Box (the parent's).
-
-    def action_distribution(self, agent_output: AgentOutput) -> torch.distributions.Distribution:
+    def action_policy(self) -> ActionPolicy:
+        """Categorical for Discrete actions, Gaussian for Box."""
         if self._discrete_actions:
-            return Problem.action_distribution(self, agent_output)
-        return super().action_distribution(agent_output)
-
-    def action_log_prob(self, agent_output: AgentOutput, actions: Mapping[str, torch.Tensor]) -> torch.Tensor:
-        if self._discrete_actions:
-            return Problem.action_log_prob(self, agent_output, actions)
-        return super().action_log_prob(agent_output, actions)
-
-    def entropy(self, agent_output: AgentOutput) -> torch.Tensor:
-        if self._discrete_actions:
-            return Problem.entropy(self, agent_output)
-        return super().entropy(agent_output)
+            return ActionPolicy(self.config, self.action_space(), problem=self)
+        return super().action_policy()
 
 
 def _is_image(space: gym.spaces.Box) -> bool:

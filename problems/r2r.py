@@ -32,6 +32,7 @@ from fleetrl.envs.r2r.synthetic import SyntheticConfig, generate
 from fleetrl.envs.r2r.topdown import draw_episode
 from fleetrl.problems.base import Problem, ProblemConfig
 from fleetrl.problems.defaults import LearnerDefaults
+from fleetrl.problems.eval_records import EvalRecords
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +72,7 @@ class R2RConfig(ProblemConfig):
         check_choice("reward", self.reward, REWARDS)
 
 
-class R2RProblem(Problem):
+class R2RProblem(Problem, EvalRecords):
     name = "r2r"
     Config = R2RConfig
     learner_defaults = LearnerDefaults(unroll_length=12, batch_size=32)

@@ -32,6 +32,7 @@ from fleetrl.agents.vlm.vlm_agent import VLMAgent
 from fleetrl.common.settings import check_choice, check_range, setting
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING
 from fleetrl.envs.text_actions import NUM_TOKENS, TEXT, TEXT_LENGTH, THOUGHT_TOKENS, TOKENS, TextActions
+from fleetrl.problems.action_policy import ActionPolicy
 from fleetrl.problems.base import Problem, ProblemConfig
 from fleetrl.problems.defaults import LaunchDefaults, LearnerDefaults
 
@@ -144,6 +145,21 @@ class VLMProblem(Problem):
         (their rows get the prompt's value and an empty answer; the RL loss masks them)."""
         return agent.step(observation, first, state, answered=extras.get(TEACHER_FORCING))
 
+    def action_policy(self) -> ActionPolicy:
+        return AnswerPolicy(self.config, self.action_space(), problem=self)
+
+    def episode_metrics(self, final_info: Mapping[str, Any]) -> dict[str, float]:
+        return {"parse_failure_rate": float(final_info["parse_failure_rate"]),
+                "answer_length": float(final_info["answer_length"])}
+
+    def episode_metric_names(self) -> tuple[str, ...]:
+        return ("parse_failure_rate", "answer_length")
+
+
+class AnswerPolicy(ActionPolicy):
+    """The policy over generated answers: a thought, then an action, as text tokens. Its
+    log-prob scales the thought's tokens by `thought_lambda` (RL4VLM's)."""
+
     def select_actor_action(self, agent_output: AgentOutput, observation: Observation,
                             extras: Mapping[str, torch.Tensor], deterministic: bool = False) -> dict[str, torch.Tensor]:
         """The generated answer (sampled, or greedy when the agent is in eval mode); in a
@@ -172,13 +188,6 @@ class VLMProblem(Problem):
         """The mean per-token entropy of the answer."""
         mask = agent_output["token_mask"]
         return (agent_output["token_entropy"] * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-
-    def episode_metrics(self, final_info: Mapping[str, Any]) -> dict[str, float]:
-        return {"parse_failure_rate": float(final_info["parse_failure_rate"]),
-                "answer_length": float(final_info["answer_length"])}
-
-    def episode_metric_names(self) -> tuple[str, ...]:
-        return ("parse_failure_rate", "answer_length")
 
 
 def sample_answers(make_env, solve, episodes: int, seed: int = 0) -> list[str]:

@@ -11,6 +11,7 @@ from fleetrl.actor.env_groups import group_bounds
 from fleetrl.envs.vector import make_vector_env
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
+from fleetrl.problems.action_policy import ActionPolicy
 from fleetrl.problems.cartpole import CartPoleLSTMProblem
 from fleetrl.problems.registry import load_problem
 
@@ -38,11 +39,16 @@ def test_a_group_of_grpo_envs_resets_as_the_same_envs_of_the_whole_set():
         part.close()
 
 
+class GreedyPolicy(ActionPolicy):
+    def select_actor_action(self, agent_output, observation, extras, deterministic=False):
+        return super().select_actor_action(agent_output, observation, extras, deterministic=True)
+
+
 class GreedyCartPoleLSTM(CartPoleLSTMProblem):
     """Deterministic actions, so that two runs can be compared step by step."""
 
-    def select_actor_action(self, agent_output, observation, extras, deterministic=False):
-        return super().select_actor_action(agent_output, observation, extras, deterministic=True)
+    def action_policy(self):
+        return GreedyPolicy(self.config, self.action_space())
 
 
 def recorded_unrolls(tmp_path, env_groups: int, steps_per_env: int) -> dict:

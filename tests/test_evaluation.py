@@ -239,3 +239,28 @@ def test_eval_inference_plays_the_problems_own_agent_step_with_no_extras_and_the
     with torch.no_grad():
         logits = agent.head(agent.torso({"observation": torch.from_numpy(observation["observation"])}))
     np.testing.assert_array_equal(reply["action"], logits["policy_logits"].argmax(-1).numpy())
+
+
+def test_eval_record_hooks_are_taken_from_a_problem_with_or_without_the_eval_records_class():
+    """EvalRecords is optional: a Problem that inherits it, or one that only defines a hook
+    of it, gets its own; every other hook keeps the default."""
+    import numpy as np
+
+    from fleetrl.problems.cartpole import CartPoleProblem
+    from fleetrl.problems.eval_records import EvalRecords, eval_records
+
+    picture = {"first": np.zeros((2, 2, 3), np.uint8)}
+
+    class Drawn(CartPoleProblem):
+        def eval_images(self, final_info):
+            return picture
+
+    class Recorded(CartPoleProblem, EvalRecords):
+        def learner_writes_eval_records(self):
+            return True
+
+    drawn, recorded, plain = (eval_records(cls.from_hparams({})) for cls in (Drawn, Recorded, CartPoleProblem))
+    assert drawn.eval_images({}) is picture and not drawn.learner_writes_eval_records()
+    assert recorded.learner_writes_eval_records() and recorded.eval_images({}) == {}
+    assert plain.eval_images({}) == {} and plain.eval_metric_names() == () and plain.episode_record({}) is None
+    assert not hasattr(CartPoleProblem.from_hparams({}), "eval_images")  # not on a Problem that does not ask

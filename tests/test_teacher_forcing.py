@@ -8,7 +8,7 @@ import torch
 
 from fleetrl.actor.extras import vector_extras
 from fleetrl.envs.grid_nav import GridNavEnv
-from fleetrl.envs.teacher_forcing import TeacherForcingDraws
+from fleetrl.envs.teacher_forcing import TeacherForcingDraws, episode_group, episode_groups
 from fleetrl.envs.vector import make_vector_env
 from fleetrl.learner.inference.env_state_store import build_state_store
 from fleetrl.learner.inference.inference_step import InferenceStep, StepRequest
@@ -81,9 +81,10 @@ def test_each_episode_draws_anew_and_a_seed_repeats_the_draws():
 
 def test_forced_episodes_go_to_their_own_episode_group():
     problem = load_problem("grid_nav", {"teacher_forcing_fraction": "0.5"})
-    assert problem.episode_groups() == ("train", "teacher")
-    assert problem.episode_group({"teacher_forcing": True}) == "teacher"
-    assert problem.episode_group({"teacher_forcing": False}) == "train"
+    assert episode_groups(problem.config.teacher_forcing_fraction) == ("train", "teacher")
+    assert episode_groups(0.0) == ("train",)
+    assert episode_group({"teacher_forcing": True}) == "teacher"
+    assert episode_group({"teacher_forcing": False}) == "train"
 
 
 def test_forced_steps_train_by_cross_entropy_and_the_rest_by_rl():

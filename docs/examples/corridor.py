@@ -58,4 +58,4 @@ class CorridorProblem(Problem):
 
     def make_agent(self) -> MLPAgent:
         (observation,) = self.observation_specs()
-        return MLPAgent(observation.shape[0], self.policy_logits_size(), (32,))
+        return MLPAgent(observation.shape[0], self.action_policy().policy_logits_size(), (32,))

@@ -34,7 +34,7 @@ from typing import Protocol
 
 import numpy as np
 
-from fleetrl.problems.base import TRAIN
+from fleetrl.envs.teacher_forcing import TRAIN
 
 # A reported return agrees with the learner's own within this share of the rewards' summed
 # magnitude: rewards cross the wire as float32, and the actor sums them before rounding.

@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping
 
 from fleetrl.problems.base import Problem
+from fleetrl.problems.eval_records import eval_records
 from fleetrl.proto.tensors import WireError
 
 BUILT_IN = ("return", "length")  # every episode has them (actor.episode_tracker)
@@ -48,7 +49,8 @@ class MetricRules:
 
     @classmethod
     def of(cls, problem: Problem, problem_name: str) -> MetricRules:
-        return cls(problem_name, problem.episode_metric_names(), problem.eval_metric_names(), problem.metric_bound)
+        return cls(problem_name, problem.episode_metric_names(), eval_records(problem).eval_metric_names(),
+                   problem.metric_bound)
 
     def check(self, env: int, metrics: Mapping[str, float], evaluating: bool) -> None:
         """Raises WireError naming the first metric of an episode of `env` that breaks the rules."""

@@ -33,6 +33,7 @@ class EvalRequest:
 class EvalInference:
     def __init__(self, problem: Problem, store: EnvStateStore, device: torch.device, transfer: str = "auto"):
         self.problem = problem
+        self.action_policy = problem.action_policy()
         self.store = store
         self.transfer = DeviceTransfer(device, transfer)
         self.env_steps = 0
@@ -53,7 +54,8 @@ class EvalInference:
     def _act(self, agent: Agent, requests: Sequence[StepRequest]) -> dict[str, np.ndarray]:
         step, obs, state = batch_requests(requests, self.store, self.transfer)
         with torch.inference_mode():
-            _, new_state, actions = policy_step(self.problem, agent, step, obs, state, evaluation=True)
+            _, new_state, actions = policy_step(self.problem, self.action_policy, agent, step, obs, state,
+                                                evaluation=True)
             sent = self.transfer.to_host({name: actions[name] for name in self.sent})
         self.store.end_step(step.slots, step.run_ids, None, state, new_state, actions, step.ended)
         self.env_steps += int((~step.first).sum())

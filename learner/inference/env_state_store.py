@@ -214,6 +214,7 @@ def build_state_store(problem: Problem, agent: torch.nn.Module, unroll_length: i
     def fields(specs) -> dict[str, tuple[torch.dtype, tuple[int, ...]]]:
         return {s.name: (torch.from_numpy(np.zeros(0, s.dtype)).dtype, s.shape) for s in specs}
 
+    policy = problem.action_policy()
     obs_fields, action_fields = fields(problem.observation_specs()), fields(problem.action_specs())
     extra_fields = fields(problem.extra_specs())
     obs_fields.update({f"prev_action/{k}": v for k, v in action_fields.items()})
@@ -226,7 +227,7 @@ def build_state_store(problem: Problem, agent: torch.nn.Module, unroll_length: i
         with torch.no_grad():
             state = agent.initial_state(example)
             out, _ = agent.step(example, torch.ones(1, dtype=torch.bool, device=device), state)
-            log_prob = problem.action_log_prob(out, problem.select_actor_action(out, example, zeros(extra_fields)))
+            log_prob = policy.action_log_prob(out, policy.select_actor_action(out, example, zeros(extra_fields)))
     except (RuntimeError, ValueError, KeyError, IndexError) as e:
         raise ValueError(f"problem {type(problem).__name__}: the agent failed on an observation of the env's "
                          f"spaces ({', '.join(s.describe() for s in problem.observation_specs())}); do the "
@@ -235,7 +236,7 @@ def build_state_store(problem: Problem, agent: torch.nn.Module, unroll_length: i
     if not record:
         return EnvStateStore(unroll_length, {}, action_fields, state_template, device=device)
     step_fields = {OBSERVATION + k: v for k, v in obs_fields.items()}
-    step_fields.update({ACTION + k: v for k, v in {**action_fields, **fields(problem.learner_action_specs())}.items()})
+    step_fields.update({ACTION + k: v for k, v in {**action_fields, **fields(policy.learner_action_specs())}.items()})
     step_fields.update({EXTRA + k: v for k, v in extra_fields.items()})
     step_fields.update({k: (dtype, ()) for k, dtype in STEP_FIELDS.items()})
     step_fields["behaviour_log_prob"] = (torch.float32, tuple(log_prob.shape[1:]))

@@ -25,6 +25,7 @@ from fleetrl.learner.inference.device_transfer import DeviceTransfer
 from fleetrl.learner.inference.env_state_store import EnvStateStore
 from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.losses.batch import ACTION, EXTRA, OBSERVATION, Unroll
+from fleetrl.problems.action_policy import ActionPolicy
 from fleetrl.problems.base import Problem
 
 
@@ -104,20 +105,22 @@ def batch_requests(requests: Sequence[StepRequest], store: EnvStateStore, transf
     return step, observation, state
 
 
-def policy_step(problem: Problem, agent: Agent, step: BatchedSteps, observation: Observation, state: State,
-                evaluation: bool = False) -> tuple[AgentOutput, State, dict[str, torch.Tensor]]:
+def policy_step(problem: Problem, action_policy: ActionPolicy, agent: Agent, step: BatchedSteps,
+                observation: Observation, state: State, evaluation: bool = False
+                ) -> tuple[AgentOutput, State, dict[str, torch.Tensor]]:
     """The forward pass and the actors' actions, for training's inference and eval's alike:
     (agent output, new state, actions). Evaluation picks the policy's deterministic action
     and hides the step's extras, so that an oracle never plays an eval episode."""
     extras = {} if evaluation else step.extras
     out, new_state = problem.agent_step(agent, observation, step.rows["first"], state, extras)
-    return out, new_state, problem.select_actor_action(out, observation, extras, deterministic=evaluation)
+    return out, new_state, action_policy.select_actor_action(out, observation, extras, deterministic=evaluation)
 
 
 class InferenceStep:
     def __init__(self, problem: Problem, agent: Agent, policy: PolicyVersion, store: EnvStateStore,
                  emit_unroll: Callable[[Unroll], bool], device: torch.device, transfer: str = "auto"):
         self.problem = problem
+        self.action_policy = problem.action_policy()
         self.agent = agent
         self.policy = policy
         self.store = store
@@ -132,8 +135,8 @@ class InferenceStep:
         step, obs, state = batch_requests(requests, self.store, self.transfer)
         with self.policy.lock, torch.inference_mode():
             version = self.policy.version
-            out, new_state, actions = policy_step(self.problem, self.agent, step, obs, state)
-            log_prob = self.problem.action_log_prob(out, actions)
+            out, new_state, actions = policy_step(self.problem, self.action_policy, self.agent, step, obs, state)
+            log_prob = self.action_policy.action_log_prob(out, actions)
             value = out["baseline"] if "baseline" in out else torch.zeros(len(step), device=log_prob.device)
         # The one wait for the device. Out of the lock: an optimizer step enqueued meanwhile runs
         # after this forward pass on the device's stream.

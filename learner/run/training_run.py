@@ -22,6 +22,7 @@ import time
 
 import torch
 
+from fleetrl.envs.teacher_forcing import episode_groups
 from fleetrl.learner.accounting.episode_accounts import EpisodeAccounts
 from fleetrl.learner.accounting.metric_rules import MetricRules
 from fleetrl.learner.accounting.metrics import EpisodeWindow, RateMeter, ScalarMeans
@@ -50,6 +51,7 @@ from fleetrl.learner.transport.served_run import ServedRun
 from fleetrl.losses.batch import Unroll, UnrollBatch
 from fleetrl.losses.lr_schedule import LearningRateSchedule
 from fleetrl.problems.base import Problem
+from fleetrl.problems.eval_records import eval_records
 from fleetrl.problems.registry import load_problem
 from fleetrl.proto import learner_pb2 as pb
 
@@ -122,9 +124,10 @@ class TrainingRun:
         self.run_state = RunState(config, self.agent, self.optimizer, self.policy, self.inference, self.episodes,
                                   self.step_ledger, self.eval_rounds, self.trainer.shuffle_generator, self.device,
                                   self.fleet, self.sharded)
-        takes_records = self.problem.learner_writes_eval_records()  # eval actors send episode records
+        records = eval_records(self.problem)
+        takes_records = records.learner_writes_eval_records()  # eval actors send episode records
         self.eval_results = EvalResults(self.own_logdir, config.best_metric, self.run_state,
-                                        self.problem.write_eval_records if takes_records else None)
+                                        records.write_eval_records if takes_records else None)
         self.resumed_from = self.run_state.resume_or_warm_start()
         if self.ranks:  # every rank starts from rank 0's weights (a resume loaded the same ones everywhere)
             self.ranks.broadcast_module(self.agent)
@@ -136,7 +139,8 @@ class TrainingRun:
         self.served = ServedRun(
             problem=config.problem, hparams=dict(config.hparams),
             observation_specs=self.problem.observation_specs(), action_specs=self.problem.action_specs(),
-            extra_specs=self.problem.extra_specs(), episode_groups=self.problem.episode_groups(),
+            extra_specs=self.problem.extra_specs(),
+            episode_groups=episode_groups(self.problem.config.teacher_forcing_fraction),
             store=self.store, batcher=self.batcher, unroll_hook=self.unroll_hook, episodes=self.episodes,
             step_ledger=self.step_ledger, metric_rules=MetricRules.of(self.problem, config.problem),
             accounts=EpisodeAccounts(), scalars=self.scalars, run=self, actors=self.actors,
@@ -146,7 +150,7 @@ class TrainingRun:
             eval_idle_timeout_s=config.stream_idle_timeout_s + (config.eval_interval_s or 0),
             eval_store=self.eval_store, eval_batcher=self.eval_batcher, eval_rounds=self.eval_rounds,
             eval_results=self.eval_results,
-            check_episode_record=self.problem.check_episode_record if takes_records else None,
+            check_episode_record=records.check_episode_record if takes_records else None,
         )
 
     # ----- the run's files -----

@@ -69,6 +69,9 @@ class Trainer:
         sharded twin, which `optimizer` holds. `recorder` takes the first batches with the
         loss's targets (--record_unrolls)."""
         self.problem = problem
+        # What the losses read of the Problem (fleetrl.losses.training_problem): its config and
+        # its action policy's log-probs and entropy.
+        self.action_policy = problem.action_policy()
         self.sharded = sharded
         self.agent = sharded.training if sharded else agent
         self.optimizer = optimizer
@@ -111,9 +114,9 @@ class Trainer:
             if self._keeps_statistics:
                 with self.policy.lock:  # inference reads the statistics too; the lock is reentrant
                     self.agent.update_statistics(batch.observation)
-            prepared = self.algorithm.prepare(self.problem, batch)
+            prepared = self.algorithm.prepare(self.action_policy, batch)
             if self.recorder is not None and self.recorder.wants_more:
-                self.recorder.add(batch, self.algorithm.targets(self.problem, self.agent, batch, prepared),
+                self.recorder.add(batch, self.algorithm.targets(self.action_policy, self.agent, batch, prepared),
                                   prepared["valid"])
             if self.problem.config.anchor_kl_cost > 0 or self.trust_region:
                 before_logits = self._policy_logits(batch)
@@ -173,7 +176,7 @@ class Trainer:
         for index in torch.arange(minibatch.batch_size, device=self.device).chunk(parts):
             micro = minibatch if parts == 1 else minibatch.select(index)
             micro_prepared = prepared if parts == 1 else {k: v[:, index] for k, v in prepared.items()}
-            result = self.algorithm.loss(self.problem, self.agent, micro, micro_prepared)
+            result = self.algorithm.loss(self.action_policy, self.agent, micro, micro_prepared)
             (result.loss if parts == 1 else result.loss / parts).backward()
             for name, value in result.logs.items():
                 summaries[name] = summaries.get(name, 0.0) + _detached(value) / parts

@@ -7,6 +7,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
+from fleetrl.envs.teacher_forcing import TRAIN
 from fleetrl.learner.accounting.episode_accounts import EpisodeAccounts
 from fleetrl.learner.accounting.metric_rules import MetricRules
 from fleetrl.learner.accounting.metrics import EpisodeWindow, ScalarMeans
@@ -16,7 +17,6 @@ from fleetrl.learner.inference.env_state_store import EnvStateStore
 from fleetrl.learner.inference.inference_batcher import InferenceBatcher
 from fleetrl.learner.transport.connected_actors import ConnectedActors
 from fleetrl.losses.unroll_hook import UnrollHook
-from fleetrl.problems.base import TRAIN
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto.tensors import Specs
 

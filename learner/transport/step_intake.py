@@ -20,12 +20,12 @@ import time
 
 import numpy as np
 
+from fleetrl.envs.teacher_forcing import TRAIN
 from fleetrl.learner.accounting.episode_accounts import vouch
 from fleetrl.learner.evaluation.eval_inference import EvalRequest
 from fleetrl.learner.inference.inference_step import StepRequest
 from fleetrl.learner.transport.served_run import ServedRun, episode_tag
 from fleetrl.learner.transport.wire_messages import Episode, WireDecoder
-from fleetrl.problems.base import TRAIN
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto.tensors import WireError
 

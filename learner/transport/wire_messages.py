@@ -16,9 +16,9 @@ from typing import Any, NamedTuple
 import numpy as np
 from google.protobuf.message import DecodeError
 
+from fleetrl.envs.teacher_forcing import TRAIN
 from fleetrl.learner.inference.inference_step import StepRequest
 from fleetrl.learner.transport.served_run import ServedRun
-from fleetrl.problems.base import TRAIN
 from fleetrl.proto import PROTOCOL_VERSION
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto.episode_records import decode_record
