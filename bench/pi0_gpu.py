@@ -151,15 +151,14 @@ def bench_tokenizer():
 
 
 def make_agent(folder: str, device: str, lora_rank: int):
-    from fleetrl.agents.hf.lora import LoraSpec
+    from fleetrl.agents.pi0.agent_config import FlowVLAAgentConfig
     from fleetrl.agents.pi0.checkpoint import load_pi0
     from fleetrl.agents.pi0.flow_vla_agent import BaseModel, FlowVLAAgent
-    from fleetrl.agents.pi0.sampler import FlowSamplerConfig
 
     model = load_pi0(folder, dtype="bfloat16", device=device)
-    agent = FlowVLAAgent(folder, action_dim=7, chunk_size=5, image_keys=("main_image", "wrist_image"),
-                         sampler=FlowSamplerConfig(denoise_steps=FLAGS.denoise_steps), dtype="bfloat16",
-                         lora=LoraSpec(lora_rank) if lora_rank else None,
+    config = FlowVLAAgentConfig(model_path=folder, chunk_size=5, denoise_steps=FLAGS.denoise_steps, dtype="bfloat16",
+                                lora_rank=lora_rank)
+    agent = FlowVLAAgent(config, 7, ("main_image", "wrist_image"),
                          base=BaseModel(model, bench_tokenizer(), None)).to(device)
     return agent
 

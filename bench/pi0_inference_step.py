@@ -68,18 +68,18 @@ class ModelClock:
 
 def main(argv) -> None:
     del argv
+    from fleetrl.agents.pi0.agent_config import FlowVLAAgentConfig
     from fleetrl.agents.pi0.flow_vla_agent import BaseModel, FlowVLAAgent
     from fleetrl.agents.pi0.model import Pi0Model
-    from fleetrl.agents.pi0.sampler import FlowSamplerConfig
     from fleetrl.bench.pi0_gpu import bench_tokenizer, observations
 
     if FLAGS.threads:
         torch.set_num_threads(FLAGS.threads)
     torch.manual_seed(0)
     model = Pi0Model(eighth_config()).eval()
-    agent = FlowVLAAgent("eighth", action_dim=7, chunk_size=5, image_keys=("main_image", "wrist_image"),
-                         sampler=FlowSamplerConfig(denoise_steps=FLAGS.denoise_steps),
-                         base=BaseModel(model, bench_tokenizer(), None)).eval()
+    config = FlowVLAAgentConfig(model_path="eighth", chunk_size=5, denoise_steps=FLAGS.denoise_steps)
+    agent = FlowVLAAgent(config, 7, ("main_image", "wrist_image"), base=BaseModel(model, bench_tokenizer(), None))
+    agent.eval()
     clock = ModelClock(model)
     params = sum(p.numel() for p in model.parameters()) / 1e6
     print(f"pi0.5 at 1/8 widths: {params:.0f} M parameters, {torch.get_num_threads()} torch threads, "

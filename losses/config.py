@@ -99,3 +99,8 @@ class LossConfig:
         check_range("dual_clip", self.dual_clip, low=1, low_open=True)
         for name in ("group_size", "epochs", "minibatches", "accumulation_steps", "max_waiting_unrolls"):
             check_range(name, getattr(self, name), low=1)
+        # Cooperative: a config that also extends an agent's settings (FlowVLAConfig does)
+        # runs that class's checks next.
+        after = getattr(super(), "__post_init__", None)
+        if after is not None:
+            after()

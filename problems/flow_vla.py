@@ -28,88 +28,26 @@ import numpy as np
 import torch
 
 from fleetrl.agents.base import AgentOutput, Observation
-from fleetrl.agents.hf.lora import LoraSpec
-from fleetrl.agents.pi0.flow_vla_agent import VALUE_INPUTS, VALUE_POOLINGS, VARIANTS, FlowVLAAgent, chunk_shape
-from fleetrl.agents.pi0.model import ATTENTION_KERNELS
-from fleetrl.agents.pi0.sampler import METHODS, REDUCTIONS, STOCHASTIC_STEPS, FlowSamplerConfig
+from fleetrl.agents.pi0.agent_config import FlowVLAAgentConfig
+from fleetrl.agents.pi0.flow_vla_agent import FlowVLAAgent, chunk_shape
 from fleetrl.agents.pi0.tiny import TinyPi0Config, build_tiny_pi0
-from fleetrl.common.settings import check_choice, check_range, setting
+from fleetrl.common.settings import check_range, setting
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING
+from fleetrl.problems.action_policy import ActionPolicy
 from fleetrl.problems.base import Problem, ProblemConfig
 from fleetrl.problems.defaults import LaunchDefaults, LearnerDefaults
 from fleetrl.proto.tensors import Specs, TensorSpec
 
 CHAIN, STOCHASTIC = "chain", "stochastic"  # the learner-side action fields
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass
-class FlowVLAConfig(ProblemConfig):
-    model_path: str = setting("tiny", "A pi0 or pi0.5 checkpoint folder (openpi's PyTorch layout, LeRobot's or "
-                                      "RLinf's), a transformers PaliGemma folder (its prefix, a fresh expert), or "
-                                      "tiny: a small random pi0 built here, for CPUs and tests. Nothing is "
-                                      "downloaded.")
-    tokenizer_path: str = setting("", "A local PaliGemma tokenizer folder, for a checkpoint that holds none "
-                                      "(openpi's do not); empty: the model folder's.")
-    asset_id: str = setting("", "Which norm_stats.json of the checkpoint (e.g. physical-intelligence/libero); "
-                                "empty: its only one.")
-    variant: str = setting("pi0", "pi0 or pi05: the model built for tiny or on a PaliGemma (a checkpoint's own is "
-                                  "read from its weights).")
-    action_width: int = setting(32, "tiny and a PaliGemma base: the model's action width (pi0's 32); the task's "
-                                    "dims are its first, the rest carry noise and are never scored.")
-    action_horizon: int = setting(0, "tiny and a PaliGemma base: the actions a chunk denoises (H); 0: chunk_size. "
-                                     "A checkpoint's own is read from it (pi0_libero 50, pi05_libero 10).")
-    expert_width: int = setting(0, "A PaliGemma base: the fresh action expert's width; 0: half the prefix's (pi0: "
-                                   "1024 beside Gemma-2B's 2048). Its layers, heads and head dims are the prefix's.")
-    max_token_len: int = setting(0, "Prompt tokens (padded or cut); 0: the checkpoint's, else 48 for pi0 and 200 "
-                                    "for pi0.5.")
-    discrete_state_input: bool = setting(False, "pi0.5: write the discretized state into the prompt (openpi's "
-                                                "pi05_libero does not).")
-    delta_action_dims: int = setting(0, "Add the env state's first this many dims to the actions (pi0_libero's "
-                                        "delta actions: 6).")
-    denoise_steps: int = setting(4, "Euler steps from noise to a chunk (K; RLinf's LIBERO configs: 4 for pi0, "
-                                    "3-5 for pi0.5).")
-    noise_method: str = setting("flow_sde", "flow_sde or flow_noise: how a stochastic denoise step gets its "
-                                            "Gaussian (docs/flow_vla.md).")
-    noise_level: float = setting(0.5, "flow_sde's noise scale (RLinf's LIBERO configs: 0.5).")
-    noise_std_min: float = setting(0.08, "flow_noise: the learned std's lower bound.")
-    noise_std_max: float = setting(0.16, "flow_noise: the learned std's upper bound.")
-    stochastic_steps: str = setting("one", "one: a denoise step drawn per sample is stochastic (RLinf's default); "
-                                           "all: every step is.")
-    log_prob_reduction: str = setting("sum", "sum: a chunk's log-prob sums its stochastic steps'; mean: RLinf's "
-                                             "joint log-prob, their mean with the start noise's (docs/flow_vla.md).")
-    stochastic_eval: bool = setting(False, "Evaluate the stochastic policy; false: the ODE, no noise after the "
-                                           "start's.")
-    value_input: str = setting("", "What the value head reads: expert (the mean of the expert's action-token "
-                                   "states at the stochastic step, detached) or prefix (the pooled prefix); empty: "
-                                   "pi0 expert, pi0.5 prefix, as RLinf's.")
-    value_pooling: str = setting("mean", "value_input=prefix: pool the prefix's last states by mean, first or last "
-                                         "token.")
-    value_hidden: tuple[int, ...] = setting((512, 256, 128), "The value MLP's hidden widths (RLinf's).")
-    value_backprop: bool = setting(False, "Let the value loss train what the value head reads.")
+class FlowVLAConfig(ProblemConfig, FlowVLAAgentConfig):
+    """The flow-VLA Problems' settings: the agent's (agents/pi0/agent_config.py, each one a
+    flag too) and the training's."""
+
     value_learning_rate: float = setting(0.0, "The value head's learning rate (RLinf: 1e-4 beside the policy's "
                                               "5e-6); 0: learning_rate.")
-    train_expert: bool = setting(True, "Train the action expert and the projections around it.")
-    train_vision: bool = setting(False, "Train the vision tower and projector.")
-    train_prefix: bool = setting(False, "Train the prefix's language model (RLinf trains the expert alone).")
-    dtype: str = setting("float32", "The model's dtype: float32, or bfloat16 (openpi's float32 islands kept) on a "
-                                    "GPU.")
-    lora_rank: int = setting(0, "Above 0: LoRA adapters of this rank train the prefix's language model (its own "
-                                "weights frozen; train_prefix must be false); 0: no adapters.")
-    lora_alpha: float = setting(16.0, "LoRA alpha.")
-    lora_dropout: float = setting(0.0, "LoRA dropout (0 keeps acting and training on one distribution).")
-    lora_target_modules: tuple[str, ...] = setting(("q_proj", "k_proj", "v_proj", "o_proj"),
-                                                   "The layers LoRA adapts, by name.")
-    lora_expert: bool = setting(False, "Adapt the action expert with LoRA too, its own weights frozen; false: the "
-                                       "expert trains whole (train_expert).")
-    gradient_checkpointing: bool = setting(False, "Recompute the prefix's and the expert's activations in the "
-                                                  "backward pass: less memory, more compute.")
-    attention: str = setting("sdpa", "The joint attention's kernel: sdpa (torch's fused, grouped-query "
-                                     "scaled_dot_product_attention) or eager (openpi's own, per-head copies and an "
-                                     "explicit float32 softmax; bench/pi0_inference_step.py compares them).")
-    prompt_bucket: int = setting(8, "The prompt is cut to the batch's longest instruction, rounded up to this many "
-                                    "token slots (padded slots change no output; fewer shapes for kernels to "
-                                    "meet).")
     algorithm: str = "ppo"
     chunk_size: int = 5
     learning_rate: float = 3e-4
@@ -119,38 +57,8 @@ class FlowVLAConfig(ProblemConfig):
     minibatches: int | None = 2
 
     def __post_init__(self):
-        super().__post_init__()
-        check_choice("noise_method", self.noise_method, METHODS)
-        check_choice("stochastic_steps", self.stochastic_steps, STOCHASTIC_STEPS)
-        check_choice("value_pooling", self.value_pooling, VALUE_POOLINGS)
-        check_choice("variant", self.variant, VARIANTS)
-        check_choice("log_prob_reduction", self.log_prob_reduction, REDUCTIONS)
-        if self.value_input:
-            check_choice("value_input", self.value_input, VALUE_INPUTS)
-        check_range("action_horizon", self.action_horizon, low=0)
+        super().__post_init__()  # ProblemConfig's checks, then FlowVLAAgentConfig's
         check_range("value_learning_rate", self.value_learning_rate, low=0)
-        check_range("delta_action_dims", self.delta_action_dims, low=0)
-        check_choice("dtype", self.dtype, DTYPES)
-        check_range("denoise_steps", self.denoise_steps, low=1)
-        check_range("expert_width", self.expert_width, low=0)
-        check_range("noise_std_min", self.noise_std_min, low=0, low_open=True)
-        check_range("noise_std_max", self.noise_std_max, low=self.noise_std_min)
-        check_range("lora_rank", self.lora_rank, low=0)
-        check_choice("attention", self.attention, tuple(ATTENTION_KERNELS))
-        check_range("prompt_bucket", self.prompt_bucket, low=1)
-        if self.lora_rank > 0 and self.train_prefix:
-            raise ValueError("lora_rank > 0 trains the prefix through adapters: set train_prefix=false with it")
-        if self.lora_expert and self.lora_rank == 0:
-            raise ValueError("lora_expert needs lora_rank > 0")
-
-    def lora(self) -> LoraSpec | None:
-        return (LoraSpec(self.lora_rank, self.lora_alpha, self.lora_dropout, self.lora_target_modules)
-                if self.lora_rank > 0 else None)
-
-    def sampler(self) -> FlowSamplerConfig:
-        return FlowSamplerConfig(denoise_steps=self.denoise_steps, noise_method=self.noise_method,
-                                 noise_level=self.noise_level, stochastic_steps=self.stochastic_steps,
-                                 log_prob_reduction=self.log_prob_reduction)
 
 
 class FlowVLAProblem(Problem):
@@ -232,18 +140,8 @@ class FlowVLAProblem(Problem):
         return int(np.prod(self._spaces[1].shape[1:] if self.config.chunk_size > 1 else self._spaces[1].shape))
 
     def make_agent(self) -> FlowVLAAgent:
-        c = self.config
-        agent = FlowVLAAgent(
-            self.model_path(), action_dim=self.action_dim, chunk_size=c.chunk_size, image_keys=self.IMAGE_KEYS,
-            state_key=self.STATE_KEY, language_key=self.LANGUAGE_KEY, oracle_key=c.oracle_key, sampler=c.sampler(),
-            tokenizer_path=c.tokenizer_path, asset_id=c.asset_id, variant=c.variant, action_width=c.action_width,
-            action_horizon=c.action_horizon, expert_width=c.expert_width, max_token_len=c.max_token_len,
-            discrete_state_input=c.discrete_state_input or None, delta_action_dims=c.delta_action_dims,
-            noise_std_range=(c.noise_std_min, c.noise_std_max), value_input=c.value_input,
-            value_pooling=c.value_pooling, value_hidden=c.value_hidden, value_backprop=c.value_backprop,
-            train_expert=c.train_expert, train_vision=c.train_vision, train_prefix=c.train_prefix,
-            stochastic_eval=c.stochastic_eval, dtype=c.dtype, lora=c.lora(), lora_expert=c.lora_expert,
-            gradient_checkpointing=c.gradient_checkpointing, attention=c.attention, prompt_bucket=c.prompt_bucket)
+        agent = FlowVLAAgent(dataclasses.replace(self.config, model_path=self.model_path()), self.action_dim,
+                             self.IMAGE_KEYS, self.STATE_KEY, self.LANGUAGE_KEY)
         # The value head's own rate: make_optimizer gets this agent's parameters, not their names.
         self._value_parameter_ids = {id(p) for p in agent.value_head.parameters()}
         return agent
@@ -259,12 +157,30 @@ class FlowVLAProblem(Problem):
             groups.append({"params": [p for p in trainable if id(p) in value], "lr": c.value_learning_rate})
         return torch.optim.Adam(groups, lr=c.learning_rate, eps=c.adam_eps, betas=c.adam_betas(), foreach=True)
 
-    # ----- the policy over chunks -----
+    def action_policy(self) -> ActionPolicy:
+        c = self.config
+        horizon, width = chunk_shape(self.model_path(), c.action_width, c.action_horizon or c.chunk_size)
+        return FlowChunkPolicy(c, self.action_space(), horizon, width, problem=self)
+
+    def episode_metrics(self, final_info: Mapping[str, object]) -> dict[str, float]:
+        return {"success": float(final_info.get("success", 0.0))}
+
+    def episode_metric_names(self) -> tuple[str, ...]:
+        return ("success",)
+
+
+class FlowChunkPolicy(ActionPolicy):
+    """The policy over denoised chunks: the agent samples them (or plays the ODE in eval
+    mode) with their chain's log-prob; the chain and its stochastic steps are recorded on
+    the learner and never sent to actors."""
+
+    def __init__(self, config: FlowVLAConfig, action_space: gym.Space, horizon: int, width: int, problem=None):
+        super().__init__(config, action_space, problem)
+        self.horizon, self.width = horizon, width
 
     def learner_action_specs(self) -> Specs:
         c = self.config
-        horizon, width = chunk_shape(self.model_path(), c.action_width, c.action_horizon or c.chunk_size)
-        return (TensorSpec(CHAIN, np.dtype(np.float32), (c.denoise_steps + 1, horizon, width)),
+        return (TensorSpec(CHAIN, np.dtype(np.float32), (c.denoise_steps + 1, self.horizon, self.width)),
                 TensorSpec(STOCHASTIC, np.dtype(bool), (c.denoise_steps,)))
 
     def select_actor_action(self, agent_output: AgentOutput, observation: Observation,
@@ -297,9 +213,3 @@ class FlowVLAProblem(Problem):
         """Zero: a denoising chain's action has no closed-form entropy."""
         key = "chain_log_prob" if "chain_log_prob" in agent_output else "log_prob"
         return torch.zeros_like(self._per_token(agent_output[key]))
-
-    def episode_metrics(self, final_info: Mapping[str, object]) -> dict[str, float]:
-        return {"success": float(final_info.get("success", 0.0))}
-
-    def episode_metric_names(self) -> tuple[str, ...]:
-        return ("success",)

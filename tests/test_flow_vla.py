@@ -7,9 +7,8 @@ import torch
 
 pytest.importorskip("transformers", reason="the vlm extra (make install puts it in)")
 
-from fleetrl.agents.hf.lora import LoraSpec  # noqa: E402
+from fleetrl.agents.pi0.agent_config import FlowVLAAgentConfig  # noqa: E402
 from fleetrl.agents.pi0.flow_vla_agent import FlowVLAAgent  # noqa: E402
-from fleetrl.agents.pi0.sampler import FlowSamplerConfig  # noqa: E402
 from fleetrl.agents.pi0.tiny import TinyPi0Config, build_tiny_pi0  # noqa: E402
 from fleetrl.envs.point_reach import COLOURS, PointReachEnv  # noqa: E402
 
@@ -25,9 +24,12 @@ def model_path(request, tmp_path_factory):
     return build_tiny_pi0(CORPUS, config, root=str(tmp_path_factory.mktemp("m")))
 
 
-def make_agent(model_path, **kwargs) -> FlowVLAAgent:
+def make_agent(model_path, action_dim=DIMS, **settings) -> FlowVLAAgent:
+    """The agent on `model_path`, with FlowVLAAgentConfig's `settings` over the test's."""
     torch.manual_seed(0)
-    return FlowVLAAgent(model_path, **{**dict(action_dim=DIMS, chunk_size=CHUNK, value_hidden=(32,)), **kwargs})
+    config = FlowVLAAgentConfig(model_path=model_path,
+                                **{**dict(chunk_size=CHUNK, value_hidden=(32,), denoise_steps=5), **settings})
+    return FlowVLAAgent(config, action_dim)
 
 
 def observations(seeds) -> dict[str, torch.Tensor]:
@@ -42,7 +44,7 @@ def test_training_scores_what_inference_sampled_step_by_step(model_path, method,
     """Three inference steps of two envs (T=1), then one training unroll over them (T=3):
     the same values, and log-probs recomputed from the recorded chains, over the executed
     actions and the task's dims only."""
-    agent = make_agent(model_path, sampler=FlowSamplerConfig(noise_method=method, stochastic_steps=stochastic_steps))
+    agent = make_agent(model_path, noise_method=method, stochastic_steps=stochastic_steps)
     steps = [observations([2 * t, 2 * t + 1]) for t in range(3)]
     first = torch.tensor([True, True])
     outs = []
@@ -64,7 +66,7 @@ def test_training_scores_what_inference_sampled_step_by_step(model_path, method,
 
 
 def test_reusing_the_prefix_cache_equals_computing_the_prefix_at_every_step(model_path):
-    agent = make_agent(model_path, sampler=FlowSamplerConfig(stochastic_steps="all"))
+    agent = make_agent(model_path, stochastic_steps="all")
     obs = observations(range(5))
     results = []
     for reuse in (True, False):
@@ -240,7 +242,7 @@ def test_gradient_checkpointing_gives_the_same_gradients(model_path):
 
 
 def test_lora_trains_adapters_alone_and_the_checkpoint_holds_them(model_path):
-    agent = make_agent(model_path, lora=LoraSpec(rank=4), lora_expert=True)
+    agent = make_agent(model_path, lora_rank=4, lora_expert=True)
     trainable = {n for n, p in agent.named_parameters() if p.requires_grad}
     assert {n for n in trainable if n.startswith(PREFIX_LM)} and all(
         "lora_" in n for n in trainable if n.startswith(PREFIX_LM) or n.startswith(EXPERT))
@@ -255,7 +257,7 @@ def test_lora_trains_adapters_alone_and_the_checkpoint_holds_them(model_path):
     assert any("lora_B" in n and n.startswith(PREFIX_LM) for n in changed)
     saved = agent.state_dict()
     assert not any(n.startswith("pi0.paligemma_with_expert.paligemma.") and "lora_" not in n for n in saved)
-    fresh = make_agent(model_path, lora=LoraSpec(rank=4), lora_expert=True)
+    fresh = make_agent(model_path, lora_rank=4, lora_expert=True)
     fresh.load_state_dict(saved)
     agent.eval(), fresh.eval()
     obs = observations([5, 6])
@@ -265,7 +267,7 @@ def test_lora_trains_adapters_alone_and_the_checkpoint_holds_them(model_path):
         b = fresh.sample_chunks(obs, noise=noise)[0].actions
     torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match="train_prefix"):
-        make_agent(model_path, lora=LoraSpec(rank=4), train_prefix=True)
+        make_agent(model_path, lora_rank=4, train_prefix=True)
 
 
 def test_a_bfloat16_model_acts_and_trains_with_float32_log_probs(model_path):

@@ -57,6 +57,7 @@ def test_the_agent_reads_libero_as_openpis_client_does(tmp_path):
     import numpy as np
     from robosuite.utils.transform_utils import quat2axisangle
 
+    from fleetrl.agents.pi0.agent_config import FlowVLAAgentConfig
     from fleetrl.agents.pi0.flow_vla_agent import FlowVLAAgent
     from fleetrl.agents.pi0.model import resize_with_pad
     from fleetrl.agents.pi0.prompt import tokenize_prompts
@@ -75,7 +76,7 @@ def test_the_agent_reads_libero_as_openpis_client_does(tmp_path):
         env.close()
     model = build_tiny_pi0([language], TinyPi0Config(action_dim=8, action_horizon=5, max_token_len=32),
                            root=str(tmp_path))
-    agent = FlowVLAAgent(model, action_dim=7, chunk_size=5, image_keys=("main_image", "wrist_image"))
+    agent = FlowVLAAgent(FlowVLAAgentConfig(model_path=model, chunk_size=5), 7, ("main_image", "wrist_image"))
     inputs = agent.model_inputs({k: torch.from_numpy(np.asarray(v)[None]) for k, v in obs.items()})
     size = agent.config.vision.image_size
     for image, camera in zip(inputs.images, ("agentview_image", "robot0_eye_in_hand_image"), strict=True):

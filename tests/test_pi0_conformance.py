@@ -275,6 +275,7 @@ def test_the_agent_turns_prompt_bytes_and_pixels_into_openpis_actions(name, step
     the raw 8-dim state in; its prompt tokenizer, image preprocessing and state padding, the
     shipped sampler's deterministic path (openpi's Euler steps) and the unnormalizing out.
     Sample 0 has no right-wrist camera (its key is left out, as a LIBERO env has none)."""
+    from fleetrl.agents.pi0.agent_config import FlowVLAAgentConfig
     from fleetrl.agents.pi0.flow_vla_agent import BaseModel, FlowVLAAgent
 
     folder = FIXTURE / name
@@ -282,8 +283,9 @@ def test_the_agent_turns_prompt_bytes_and_pixels_into_openpis_actions(name, step
     model = load_pi0(str(folder))
     tokenizer = word_tokenizer(model.config.paligemma.vocab_size)
     for row, cameras in ((0, CAMERAS[:2]), (1, CAMERAS)):
-        agent = FlowVLAAgent(str(folder), action_dim=32, chunk_size=model.config.action_horizon, image_keys=cameras,
-                             sampler=FlowSamplerConfig(denoise_steps=steps), base=BaseModel(model, tokenizer, None))
+        config = FlowVLAAgentConfig(model_path=str(folder), chunk_size=model.config.action_horizon,
+                                    denoise_steps=steps)
+        agent = FlowVLAAgent(config, 32, cameras, base=BaseModel(model, tokenizer, None))
         agent.eval()
         ids = raw["tokenized_prompt"][row][raw["tokenized_prompt_mask"][row]]
         assert ids[0] == 2

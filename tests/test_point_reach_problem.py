@@ -175,6 +175,24 @@ def test_export_writes_openpis_layout_that_plays_the_same_chunks(tmp_path, pytho
     torch.testing.assert_close(theirs.actions, ours.actions, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(their_value, our_value, atol=1e-5, rtol=1e-5)
 
+    # An export written before the agent took one config listed its keyword arguments.
+    import json
+
+    path = exported / "fleetrl_agent.json"
+    settings = json.loads(path.read_text())["config"]
+    path.write_text(json.dumps({
+        "action_dim": loaded.action_dim, "chunk_size": settings["chunk_size"], "image_keys": ["image"],
+        "state_key": "state", "language_key": "language", "oracle_key": settings["oracle_key"],
+        "sampler": {k: settings[k] for k in ("denoise_steps", "noise_method", "noise_level", "stochastic_steps",
+                                             "log_prob_reduction")},
+        "noise_std_range": [settings["noise_std_min"], settings["noise_std_max"]],
+        "value_input": settings["value_input"] or loaded.value_input, "value_pooling": settings["value_pooling"],
+        "value_hidden": settings["value_hidden"], "delta_action_dims": settings["delta_action_dims"]}))
+    with torch.no_grad():
+        older, older_value = load_exported(str(exported)).sample_chunks(batch, noise=noise)
+    torch.testing.assert_close(older.actions, ours.actions, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(older_value, our_value, atol=1e-5, rtol=1e-5)
+
 
 @pytest.mark.slow
 def test_grpo_trains_the_flow_vla_through_the_whole_system(tmp_path, local_run):

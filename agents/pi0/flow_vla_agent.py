@@ -44,9 +44,9 @@ from torch.utils import _pytree as pytree
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
 from fleetrl.agents.hf.lora import LoraSpec, add_lora, merged
 from fleetrl.agents.hf.pretrained_base import PretrainedBase, import_transformers
+from fleetrl.agents.pi0.agent_config import FlowVLAAgentConfig
 from fleetrl.agents.pi0.checkpoint import load_pi0, save_pi0
 from fleetrl.agents.pi0.model import (
-    ATTENTION_KERNELS,
     GemmaSize,
     Pi0Config,
     Pi0Inputs,
@@ -57,11 +57,8 @@ from fleetrl.agents.pi0.model import (
 )
 from fleetrl.agents.pi0.norm import Normalizer, NormStats, find_norm_stats, read_norm_stats, write_norm_stats
 from fleetrl.agents.pi0.prompt import PromptTokenizer
-from fleetrl.agents.pi0.sampler import FlowSample, FlowSamplerConfig, chain_log_prob, sample
+from fleetrl.agents.pi0.sampler import FlowSample, chain_log_prob, sample
 
-VALUE_POOLINGS = ("mean", "first", "last")
-VALUE_INPUTS = ("expert", "prefix")
-VARIANTS = ("pi0", "pi05")
 EXPORTED_HEADS, EXPORTED_ARCHITECTURE = "fleetrl_heads.pt", "fleetrl_agent.json"
 
 
@@ -150,36 +147,19 @@ def fingerprint(config: Pi0Config) -> torch.Tensor:
 class FlowVLAAgent(PretrainedBase, Agent):
     BASE = "pi0"
 
-    def __init__(self, model_path: str, action_dim: int, chunk_size: int, image_keys: Sequence[str] = ("image",),
-                 state_key: str = "state", language_key: str = "language", oracle_key: str = "oracle_action",
-                 sampler: FlowSamplerConfig = FlowSamplerConfig(), tokenizer_path: str = "", asset_id: str = "",
-                 variant: str = "pi0", action_width: int = 32, action_horizon: int = 0, expert_width: int = 0,
-                 max_token_len: int = 0, discrete_state_input: bool | None = None, delta_action_dims: int = 0,
-                 noise_std_range: tuple[float, float] = (0.08, 0.16), value_input: str = "",
-                 value_pooling: str = "mean", value_hidden: Sequence[int] = (512, 256, 128),
-                 value_backprop: bool = False, train_expert: bool = True, train_vision: bool = False,
-                 train_prefix: bool = False, stochastic_eval: bool = False, reuse_prefix_cache: bool = True,
-                 dtype: str = "float32", lora: LoraSpec | None = None, lora_expert: bool = False,
-                 gradient_checkpointing: bool = False, attention: str = "sdpa", prompt_bucket: int = 8,
-                 base: BaseModel | None = None):
+    def __init__(self, config: FlowVLAAgentConfig, action_dim: int, image_keys: Sequence[str] = ("image",),
+                 state_key: str = "state", language_key: str = "language", base: BaseModel | None = None):
+        """`config`: the agent's settings (a flow-VLA Problem's config is one), checked there;
+        `action_dim`: the task's action dims (the model's first ones); the observation keys
+        the agent reads; `base`: a model already loaded, instead of `config.model_path`'s."""
         super().__init__()
-        if variant not in VARIANTS:
-            raise ValueError(f"unknown variant {variant!r}; choose from {VARIANTS}")
-        if value_pooling not in VALUE_POOLINGS:
-            raise ValueError(f"unknown value_pooling {value_pooling!r}; choose from {VALUE_POOLINGS}")
-        if value_input and value_input not in VALUE_INPUTS:
-            raise ValueError(f"unknown value_input {value_input!r}; choose from {VALUE_INPUTS}")
-        if lora is not None and train_prefix:
-            raise ValueError("lora_rank > 0 trains the prefix's language model through adapters; "
-                             "train_prefix (its full fine-tuning) must be false with it")
-        if lora_expert and lora is None:
-            raise ValueError("lora_expert needs lora_rank > 0")
-        base = base or load_base(model_path, dtype, tokenizer_path, asset_id, variant, action_width,
-                                 action_horizon or chunk_size, expert_width, max_token_len, discrete_state_input)
+        c = config
+        model_path, chunk_size, variant = c.model_path, c.chunk_size, c.variant
+        base = base or load_base(model_path, c.dtype, c.tokenizer_path, c.asset_id, variant, c.action_width,
+                                 c.action_horizon or chunk_size, c.expert_width, c.max_token_len,
+                                 c.discrete_state_input or None)
         self.pi0, self.tokenizer = base.model, base.tokenizer
-        if attention not in ATTENTION_KERNELS:
-            raise ValueError(f"unknown attention {attention!r}; choose from {sorted(ATTENTION_KERNELS)}")
-        self.pi0.attention = attention
+        self.pi0.attention, self.agent_config, a = c.attention, c, c
         c = self.pi0.config
         if not 1 <= action_dim <= c.action_dim:
             raise ValueError(f"action_dim {action_dim} must be in [1, the model's action width {c.action_dim}]")
@@ -190,26 +170,24 @@ class FlowVLAAgent(PretrainedBase, Agent):
             raise ValueError(f"pi0 has 3 camera slots; image_keys names {len(image_keys)}")
         self.model_path, self.action_dim, self.chunk_size = model_path, action_dim, chunk_size
         self.image_keys, self.state_key, self.language_key, self.oracle_key = (tuple(image_keys), state_key,
-                                                                              language_key, oracle_key)
-        self.sampler, self.noise_std_range = sampler, noise_std_range
-        self.normalizer = Normalizer(base.norm_stats, quantile=c.pi05, delta_dims=delta_action_dims)
-        self.prompts = PromptTokenizer(self.tokenizer, c.max_token_len, prompt_bucket)
-        self.value_input = value_input or ("prefix" if c.pi05 else "expert")
-        self.value_pooling, self.value_backprop = value_pooling, value_backprop
-        self.stochastic_eval, self.reuse_prefix_cache = stochastic_eval, reuse_prefix_cache
-        self.gradient_checkpointing = gradient_checkpointing
-        # What an exported folder needs to build this agent again (`load_exported`).
-        self.architecture = dict(action_dim=action_dim, chunk_size=chunk_size, image_keys=list(image_keys),
-                                 state_key=state_key, language_key=language_key, oracle_key=oracle_key,
-                                 sampler=dataclasses.asdict(sampler), noise_std_range=list(noise_std_range),
-                                 value_input=self.value_input, value_pooling=value_pooling,
-                                 value_hidden=list(value_hidden), delta_action_dims=delta_action_dims)
-        self._set_what_trains(train_expert, train_vision, train_prefix, lora, lora_expert)
+                                                                              language_key, a.oracle_key)
+        self.sampler, self.noise_std_range = a.sampler(), (a.noise_std_min, a.noise_std_max)
+        self.normalizer = Normalizer(base.norm_stats, quantile=c.pi05, delta_dims=a.delta_action_dims)
+        self.prompts = PromptTokenizer(self.tokenizer, c.max_token_len, a.prompt_bucket)
+        self.value_input = a.value_input or ("prefix" if c.pi05 else "expert")
+        self.value_pooling, self.value_backprop = a.value_pooling, a.value_backprop
+        self.stochastic_eval, self.reuse_prefix_cache = a.stochastic_eval, True
+        self.gradient_checkpointing = a.gradient_checkpointing
+        # What an exported folder needs to build this agent again (`load_exported`): the
+        # agent's settings (the model_path is the folder's) and the task's keys.
+        self.architecture = dict(config=agent_settings(a), action_dim=action_dim, image_keys=list(image_keys),
+                                 state_key=state_key, language_key=language_key)
+        self._set_what_trains(a.train_expert, a.train_vision, a.train_prefix, a.lora(), a.lora_expert)
         expert_width = c.expert.width
-        self.noise_head = nn.Linear(expert_width, c.action_dim) if sampler.noise_method == "flow_noise" else None
+        self.noise_head = nn.Linear(expert_width, c.action_dim) if a.noise_method == "flow_noise" else None
         layers: list[nn.Module] = []
         previous = expert_width if self.value_input == "expert" else c.paligemma.width
-        for size in value_hidden:
+        for size in a.value_hidden:
             layers += [nn.Linear(previous, size), nn.ReLU()]
             previous = size
         self.value_head = nn.Sequential(*layers, nn.Linear(previous, 1))
@@ -440,9 +418,16 @@ def load_exported(directory: str, dtype: str = "float32") -> FlowVLAAgent:
                          "checkpoint is a --model_path")
     with open(path) as f:
         architecture = json.load(f)
-    architecture["sampler"] = FlowSamplerConfig(**architecture["sampler"])
-    architecture["noise_std_range"] = tuple(architecture["noise_std_range"])
-    agent = FlowVLAAgent(directory, dtype=dtype, train_expert=False, **architecture)
+    settings = architecture.pop("config", None)
+    if settings is None:  # written before the agent took one config
+        settings = _settings_of_old_export(architecture)
+    settings.update(model_path=directory, dtype=dtype, train_expert=False, train_vision=False, train_prefix=False,
+                    lora_rank=0, lora_expert=False)
+    known = {f.name for f in dataclasses.fields(FlowVLAAgentConfig)}
+    config = FlowVLAAgentConfig(**{k: tuple(v) if isinstance(v, list) else v
+                                   for k, v in settings.items() if k in known})
+    agent = FlowVLAAgent(config, architecture["action_dim"], architecture["image_keys"], architecture["state_key"],
+                         architecture["language_key"])
     heads = torch.load(os.path.join(directory, EXPORTED_HEADS), weights_only=True)
     missing, unexpected = nn.Module.load_state_dict(agent, heads, strict=False)
     missing = [k for k in missing if not k.startswith(f"{FlowVLAAgent.BASE}.") and k != "base_fingerprint"]
@@ -451,6 +436,21 @@ def load_exported(directory: str, dtype: str = "float32") -> FlowVLAAgent:
                          f"unexpected {unexpected}")
     return agent.eval()
 
+
+
+def agent_settings(config: FlowVLAAgentConfig) -> dict:
+    """The agent's own settings out of `config` (a Problem's config holds more), as JSON."""
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(FlowVLAAgentConfig)}
+
+
+def _settings_of_old_export(architecture: dict) -> dict:
+    """FlowVLAAgentConfig's settings from an export whose fleetrl_agent.json listed the
+    agent's keyword arguments (before the agent took one config)."""
+    settings = {k: architecture.pop(k) for k in ("chunk_size", "oracle_key", "value_input", "value_pooling",
+                                                  "value_hidden", "delta_action_dims") if k in architecture}
+    settings.update(architecture.pop("sampler", {}))
+    low, high = architecture.pop("noise_std_range", (0.08, 0.16))
+    return {**settings, "noise_std_min": low, "noise_std_max": high}
 
 
 def chunk_shape(model_path: str, action_width: int, action_horizon: int) -> tuple[int, int]:
