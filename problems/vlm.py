@@ -27,9 +27,10 @@ import gymnasium as gym
 import torch
 
 from fleetrl.agents.base import AgentOutput, Observation, State
+from fleetrl.agents.vlm.agent_config import VLMAgentConfig
 from fleetrl.agents.vlm.tiny import build_tiny_vlm
 from fleetrl.agents.vlm.vlm_agent import VLMAgent
-from fleetrl.common.settings import check_choice, check_range, setting
+from fleetrl.common.settings import check_range, setting
 from fleetrl.envs.teacher_forcing import TEACHER_FORCING
 from fleetrl.envs.text_actions import NUM_TOKENS, TEXT, TEXT_LENGTH, THOUGHT_TOKENS, TOKENS, TextActions
 from fleetrl.problems.action_policy import ActionPolicy
@@ -37,40 +38,18 @@ from fleetrl.problems.base import Problem, ProblemConfig
 from fleetrl.problems.defaults import LaunchDefaults, LearnerDefaults
 
 ANSWER = (TOKENS, NUM_TOKENS, THOUGHT_TOKENS, TEXT, TEXT_LENGTH)
-DTYPES = ("float32", "bfloat16", "float16")
 
 
 @dataclasses.dataclass
-class VLMConfig(ProblemConfig):
-    model_path: str = setting("tiny", "A local folder that transformers loads as an image-text-to-text model "
-                                      "(LLaVA 1.5 or 1.6, Qwen2-VL, Qwen2.5-VL), or tiny: a small random LLaVA "
-                                      "built here, for CPUs and tests. Nothing is downloaded.")
+class VLMConfig(ProblemConfig, VLMAgentConfig):
+    """The VLM Problems' settings: the agent's (agents/vlm/agent_config.py, each one a flag
+    too), the prompt, the reward's and the training's."""
+
     prompt: str = setting("", "The prompt; empty: --prompt_file's, else the Problem's own.")
     prompt_file: str = setting("", "A file whose text is the prompt.")
-    max_new_tokens: int = setting(64, "Most tokens an answer may have (EOS included).")
-    max_text_bytes: int = setting(256, "Most bytes of an answer's text sent to the actor; longer ones are cut.")
-    temperature: float = setting(1.0, "Sampling temperature; log-probs are of softmax(logits / temperature).")
-    top_p: float = setting(1.0, "Nucleus sampling; below 1 the sampled distribution is not the one whose "
-                                "log-probs train (see docs/vlm.md).")
     parse_failure_reward: float = setting(0.0, "Added to the reward of a step whose answer names no single legal "
                                                "action (which then plays a random one); 0 is RL4VLM's rule.")
     thought_lambda: float = setting(0.5, "The weight of the thought tokens' log-probs in the policy's log-prob.")
-    lora_rank: int = setting(8, "LoRA rank on the language model's projections; 0: fine-tune the whole "
-                                "language model.")
-    lora_alpha: float = setting(16.0, "LoRA alpha.")
-    lora_dropout: float = setting(0.0, "LoRA dropout (0 keeps acting and training on one distribution).")
-    lora_target_modules: tuple[str, ...] = setting(("q_proj", "v_proj"), "The language model's modules LoRA "
-                                                                         "adapts.")
-    train_vision: bool = setting(False, "Also train the vision tower.")
-    train_projector: bool = setting(False, "Also train the projector between vision and language.")
-    gradient_checkpointing: bool = setting(False, "Recompute activations in the backward pass: less memory.")
-    dtype: str = setting("float32", "The model's dtype: float32, or bfloat16 (or float16) on a GPU.")
-    value_hidden: int = setting(256, "Width of the value head's hidden layers.")
-    value_backprop: bool = setting(False, "Let the value loss train the model under the value head too (as "
-                                          "RL4VLM); false: the head trains on the model's hidden state alone, so "
-                                          "that a new value head's large early errors cannot disturb the policy.")
-    greedy_eval: bool = setting(True, "Evaluate with greedy decoding; false: sample as in training (the policy "
-                                      "RL4VLM's success rates describe).")
     algorithm: str = "ppo"
     discount: float = 0.9  # RL4VLM's
     learning_rate: float = 1e-4
@@ -80,13 +59,8 @@ class VLMConfig(ProblemConfig):
     minibatches: int | None = 1
 
     def __post_init__(self):
-        super().__post_init__()
-        check_choice("dtype", self.dtype, DTYPES)
+        super().__post_init__()  # ProblemConfig's checks, then VLMAgentConfig's
         check_range("thought_lambda", self.thought_lambda, low=0, high=1)
-        check_range("temperature", self.temperature, low=0, low_open=True)
-        check_range("top_p", self.top_p, low=0, high=1, low_open=True)
-        check_range("max_new_tokens", self.max_new_tokens, low=2)
-        check_range("lora_rank", self.lora_rank, low=0)
 
 
 class VLMProblem(Problem):
@@ -123,14 +97,7 @@ class VLMProblem(Problem):
         return build_tiny_vlm(self.corpus()) if self.config.model_path == "tiny" else self.config.model_path
 
     def make_agent(self) -> VLMAgent:
-        c = self.config
-        return VLMAgent(self.model_path(), self.prompt(), max_new_tokens=c.max_new_tokens,
-                        max_text_bytes=c.max_text_bytes, temperature=c.temperature, top_p=c.top_p,
-                        lora_rank=c.lora_rank, lora_alpha=c.lora_alpha, lora_dropout=c.lora_dropout,
-                        lora_target_modules=c.lora_target_modules, train_vision=c.train_vision,
-                        train_projector=c.train_projector, gradient_checkpointing=c.gradient_checkpointing,
-                        dtype=c.dtype, value_hidden=c.value_hidden, value_backprop=c.value_backprop,
-                        greedy_eval=c.greedy_eval)
+        return VLMAgent(dataclasses.replace(self.config, model_path=self.model_path()), self.prompt())
 
     def make_optimizer(self, params) -> torch.optim.Optimizer:
         trainable = [p for p in params if p.requires_grad]  # the frozen base model has no optimizer state

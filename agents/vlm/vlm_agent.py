@@ -39,7 +39,6 @@ import contextlib
 import os
 import time
 import warnings
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -48,6 +47,7 @@ from torch import nn
 
 from fleetrl.agents.base import Agent, AgentOutput, Observation, State
 from fleetrl.agents.hf.pretrained_base import PretrainedBase, check_model_folder, fingerprint, import_transformers
+from fleetrl.agents.vlm.agent_config import VLMAgentConfig
 from fleetrl.agents.vlm.generation_record import PromptState, chosen_token_log_probs, final_norm
 from fleetrl.agents.vlm.token_offsets import token_byte_lengths, tokens_through
 from fleetrl.common.extras import MissingExtra
@@ -82,18 +82,17 @@ def load_vlm(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, Any]:
 class VLMAgent(PretrainedBase, Agent):
     BASE = "model"
 
-    def __init__(self, model_path: str, prompt: str, max_new_tokens: int = 64, max_text_bytes: int = 256,
-                 temperature: float = 1.0, top_p: float = 1.0, lora_rank: int = 8, lora_alpha: float = 16.0,
-                 lora_dropout: float = 0.0, lora_target_modules: Sequence[str] = ("q_proj", "v_proj"),
-                 train_vision: bool = False, train_projector: bool = False, gradient_checkpointing: bool = False,
-                 dtype: str = "float32", value_hidden: int = 256, value_backprop: bool = False,
-                 greedy_eval: bool = True,
-                 image_key: str = "image", text_key: str = "observation_text", oracle_key: str = "oracle_text"):
+    def __init__(self, config: VLMAgentConfig, prompt: str, image_key: str = "image",
+                 text_key: str = "observation_text", oracle_key: str = "oracle_text"):
+        """`config`: the agent's settings (a VLM Problem's config is one), checked there; the
+        prompt; the observation keys the agent reads."""
         super().__init__()
+        c = config
+        model_path, dtype = c.model_path, c.dtype
         self.model_path, self.prompt = model_path, prompt
-        self.max_new_tokens, self.max_text_bytes = max_new_tokens, max_text_bytes
-        self.temperature, self.top_p = temperature, top_p
-        self.greedy_eval, self.value_backprop = greedy_eval, value_backprop
+        self.max_new_tokens, self.max_text_bytes = c.max_new_tokens, c.max_text_bytes
+        self.temperature, self.top_p = c.temperature, c.top_p
+        self.greedy_eval, self.value_backprop = c.greedy_eval, c.value_backprop
         self.image_key, self.text_key, self.oracle_key = image_key, text_key, oracle_key
         model, self.processor = load_vlm(model_path, getattr(torch, dtype))
         self.tokenizer = self.processor.tokenizer
@@ -103,30 +102,31 @@ class VLMAgent(PretrainedBase, Agent):
         self.suppressed_tokens = self._special_tokens()
         for parameter in model.parameters():
             parameter.requires_grad_(False)
-        if lora_rank > 0:
+        if c.lora_rank > 0:
             try:
                 import peft
             except ImportError as e:
                 raise MissingExtra("LoRA", "vlm", e) from e
             # The language model's projections only: a vision tower may use the same names.
-            targets = rf".*language_model.*\.({'|'.join(lora_target_modules)})$"
-            config = peft.LoraConfig(r=lora_rank, lora_alpha=lora_alpha, lora_dropout=lora_dropout,
+            targets = rf".*language_model.*\.({'|'.join(c.lora_target_modules)})$"
+            config = peft.LoraConfig(r=c.lora_rank, lora_alpha=c.lora_alpha, lora_dropout=c.lora_dropout,
                                      target_modules=targets)
             with warnings.catch_warnings():  # peft 0.21 reads a property that transformers 5 deprecates
                 warnings.filterwarnings("ignore", "`is_gradient_checkpointing` is deprecated", FutureWarning)
                 model = peft.get_peft_model(model, config)
         else:
             self._unfreeze(model, "language_model")
-        if train_vision:
+        if c.train_vision:
             self._unfreeze(model, "vision_tower")
-        if train_projector:
+        if c.train_projector:
             self._unfreeze(model, "multi_modal_projector")
-        if gradient_checkpointing:
+        if c.gradient_checkpointing:
             model.gradient_checkpointing_enable()
         self.model = model
         width = self._hidden_size(model)
-        self.value_head = nn.Sequential(nn.Linear(width, value_hidden), nn.Tanh(),
-                                        nn.Linear(value_hidden, value_hidden), nn.Tanh(), nn.Linear(value_hidden, 1))
+        self.value_head = nn.Sequential(nn.Linear(width, c.value_hidden), nn.Tanh(),
+                                        nn.Linear(c.value_hidden, c.value_hidden), nn.Tanh(),
+                                        nn.Linear(c.value_hidden, 1))
         self.value_head.to(getattr(torch, dtype))
         self.register_buffer("base_fingerprint", fingerprint(model_path))
         self.remember_what_trains()
