@@ -57,8 +57,8 @@ def run_status(run: ReportedRun) -> pb.Status:
         eval_policy_version=last_eval.policy_version if last_eval else 0,
         eval_mean_return=last_eval.metrics.get("return", math.nan) if last_eval else math.nan,
         eval_rounds=run.eval_rounds.completed, return_window=run.config.return_window,
-        resent_steps=run.step_ledger.resent, disputed_episodes=run.served.accounts.disputed,
-        unvouched_episodes=run.served.accounts.unvouched, losses=run.trainer.last_losses,
+        resent_steps=run.step_ledger.resent, disputed_episodes=run.served.train.accounts.disputed,
+        unvouched_episodes=run.served.train.accounts.unvouched, losses=run.trainer.last_losses,
         eval_metric=eval_metric,
         eval_metric_value=last_eval.metrics.get(eval_metric, math.nan) if last_eval else math.nan,
     )

@@ -47,7 +47,7 @@ from fleetrl.learner.training.trainer import Trainer
 from fleetrl.learner.training.unroll_queue import UnrollQueue
 from fleetrl.learner.training.unroll_recorder import recorder_for
 from fleetrl.learner.transport.connected_actors import ConnectedActors
-from fleetrl.learner.transport.served_run import ServedRun
+from fleetrl.learner.transport.served_run import ActorContract, EvalIntake, ServedRun, StreamTimeouts, TrainIntake
 from fleetrl.losses.batch import Unroll, UnrollBatch
 from fleetrl.losses.lr_schedule import LearningRateSchedule
 from fleetrl.problems.base import Problem
@@ -137,20 +137,22 @@ class TrainingRun:
 
         # What actors' steps are checked against and taken into, whoever delivers them.
         self.served = ServedRun(
-            problem=config.problem, hparams=dict(config.hparams),
-            observation_specs=self.problem.observation_specs(), action_specs=self.problem.action_specs(),
-            extra_specs=self.problem.extra_specs(),
-            episode_groups=episode_groups(self.problem.config.teacher_forcing_fraction),
-            store=self.store, batcher=self.batcher, unroll_hook=self.unroll_hook, episodes=self.episodes,
-            step_ledger=self.step_ledger, metric_rules=MetricRules.of(self.problem, config.problem),
-            accounts=EpisodeAccounts(), scalars=self.scalars, run=self, actors=self.actors,
-            max_envs_per_actor=config.max_envs_per_actor,
-            max_message_bytes=config.max_message_mb * 1024 * 1024, handshake_timeout_s=config.handshake_timeout_s,
-            idle_timeout_s=config.stream_idle_timeout_s,
-            eval_idle_timeout_s=config.stream_idle_timeout_s + (config.eval_interval_s or 0),
-            eval_store=self.eval_store, eval_batcher=self.eval_batcher, eval_rounds=self.eval_rounds,
-            eval_results=self.eval_results,
-            check_episode_record=records.check_episode_record if takes_records else None,
+            contract=ActorContract(
+                problem=config.problem, hparams=dict(config.hparams),
+                observation_specs=self.problem.observation_specs(), action_specs=self.problem.action_specs(),
+                extra_specs=self.problem.extra_specs(),
+                episode_groups=episode_groups(self.problem.config.teacher_forcing_fraction),
+                metric_rules=MetricRules.of(self.problem, config.problem),
+                max_envs_per_actor=config.max_envs_per_actor, max_message_bytes=config.max_message_mb * 1024 * 1024),
+            train=TrainIntake(store=self.store, batcher=self.batcher, unroll_hook=self.unroll_hook,
+                              episodes=self.episodes, step_ledger=self.step_ledger, accounts=EpisodeAccounts(),
+                              scalars=self.scalars),
+            evaluation=EvalIntake(store=self.eval_store, batcher=self.eval_batcher, rounds=self.eval_rounds,
+                                  results=self.eval_results,
+                                  check_episode_record=records.check_episode_record if takes_records else None),
+            run=self, actors=self.actors,
+            timeouts=StreamTimeouts(handshake_s=config.handshake_timeout_s, idle_s=config.stream_idle_timeout_s,
+                                    eval_idle_s=config.stream_idle_timeout_s + (config.eval_interval_s or 0)),
         )
 
     # ----- the run's files -----
@@ -221,8 +223,8 @@ class TrainingRun:
             "learner/dropped_partial_unrolls": self.store.dropped_partial_unrolls,
             "learner/restarted_envs": self.store.restarted_envs,
             "learner/resent_steps": self.step_ledger.resent,
-            "learner/disputed_episodes": self.served.accounts.disputed,
-            "learner/unvouched_episodes": self.served.accounts.unvouched,
+            "learner/disputed_episodes": self.served.train.accounts.disputed,
+            "learner/unvouched_episodes": self.served.train.accounts.unvouched,
             "learner/failed_checkpoint_writes": self.run_state.failed_checkpoint_writes,
             "learner/failed_eval_writes": self.eval_results.failed_writes,
             "learner/policy_version": self.policy.version,

@@ -36,8 +36,8 @@ class RunControl(Protocol):
 
 
 @dataclasses.dataclass
-class ServedRun:
-    """What the service checks actors against, and where it sends their data."""
+class ActorContract:
+    """What every actor is checked against: the run's Problem, specs and limits."""
 
     problem: str
     hparams: dict[str, str]
@@ -45,31 +45,57 @@ class ServedRun:
     action_specs: Specs
     extra_specs: Specs
     episode_groups: tuple[str, ...]
+    metric_rules: MetricRules  # the episode metrics actors may report
+    max_envs_per_actor: int
+    max_message_bytes: int
+
+
+@dataclasses.dataclass
+class TrainIntake:
+    """Where train actors' steps go, and what the learner counts of them."""
+
     store: EnvStateStore
     batcher: InferenceBatcher
     unroll_hook: UnrollHook
     episodes: EpisodeWindow
     step_ledger: StepLedger  # train steps already taken in: resent ones count no episodes
-    metric_rules: MetricRules  # the episode metrics actors may report
     accounts: EpisodeAccounts  # the learner's own return and length of every train env's episode
     scalars: ScalarMeans
-    run: RunControl
-    actors: ConnectedActors
-    max_envs_per_actor: int
-    max_message_bytes: int
-    handshake_timeout_s: float = 10.0
-    # A stream silent this long after its last answer is cancelled (eval streams wait between rounds).
-    idle_timeout_s: float = 300.0
-    eval_idle_timeout_s: float = 330.0
-    # Eval actors (mode EVAL): their own state store and batcher, and the rounds they play.
-    eval_store: EnvStateStore | None = None
-    eval_batcher: InferenceBatcher | None = None
-    eval_rounds: EvalRounds | None = None
-    # Where each complete eval round goes (learner.eval_results.EvalResults).
-    eval_results: Callable[[EvalResult], None] | None = None
-    # Problem.check_episode_record where the Problem's eval records come to the learner;
+
+
+@dataclasses.dataclass
+class EvalIntake:
+    """Eval actors (mode EVAL): their own state store and batcher, the rounds they play, and
+    where results go. All None: this run has no eval actors."""
+
+    store: EnvStateStore | None = None
+    batcher: InferenceBatcher | None = None
+    rounds: EvalRounds | None = None
+    # Where each complete eval round goes (learner.run.eval_results.EvalResults).
+    results: Callable[[EvalResult], None] | None = None
+    # The Problem's check_episode_record where its eval records come to the learner;
     # None: this run takes no records.
     check_episode_record: Callable[[Mapping[str, Any]], None] | None = None
+
+
+@dataclasses.dataclass
+class StreamTimeouts:
+    handshake_s: float = 10.0
+    # A stream silent this long after its last answer is cancelled (eval streams wait between rounds).
+    idle_s: float = 300.0
+    eval_idle_s: float = 330.0
+
+
+@dataclasses.dataclass
+class ServedRun:
+    """What the service checks actors against, and where it sends their data."""
+
+    contract: ActorContract
+    train: TrainIntake
+    evaluation: EvalIntake
+    run: RunControl
+    actors: ConnectedActors
+    timeouts: StreamTimeouts = dataclasses.field(default_factory=StreamTimeouts)
 
 
 def episode_tag(group: str, metric: str) -> str:

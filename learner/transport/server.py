@@ -64,16 +64,16 @@ class LearnerService(pb_grpc.LearnerServicer):
     async def start(self) -> None:
         """On the loop: the batchers and the idle-stream watchdog start serving."""
         loop = asyncio.get_running_loop()
-        self.run.batcher.start(loop)
-        if self.run.eval_batcher is not None:
-            self.run.eval_batcher.start(loop)
+        self.run.train.batcher.start(loop)
+        if self.run.evaluation.batcher is not None:
+            self.run.evaluation.batcher.start(loop)
         self._watchdog = loop.create_task(self.run.actors.watch_idle())
 
     def stop_batchers(self) -> None:
         """From the learner's thread: waiting steps get BatcherStopped, so their streams end."""
-        self.run.batcher.stop()
-        if self.run.eval_batcher is not None:
-            self.run.eval_batcher.stop()
+        self.run.train.batcher.stop()
+        if self.run.evaluation.batcher is not None:
+            self.run.evaluation.batcher.stop()
 
     async def stop(self) -> None:
         if self._watchdog is not None:
@@ -86,23 +86,24 @@ class LearnerService(pb_grpc.LearnerServicer):
 
     @property
     def resent_steps(self) -> int:
-        return self.run.step_ledger.resent
+        return self.run.train.step_ledger.resent
 
     def count_rejection(self) -> None:
         self.rejected_messages += 1
 
     async def GetRunInfo(self, request: pb.RunInfoRequest, context: grpc.aio.ServicerContext) -> pb.RunInfo:
-        run = self.run
+        contract, rules = self.run.contract, self.run.contract.metric_rules
         return pb.RunInfo(
-            protocol_version=PROTOCOL_VERSION, problem=run.problem, hparams=run.hparams,
-            observation_spec=[s.to_proto() for s in run.observation_specs],
-            action_spec=[s.to_proto() for s in run.action_specs],
-            extra_spec=[s.to_proto() for s in run.extra_specs],
-            num_envs_multiple=run.unroll_hook.num_envs_multiple, max_envs_per_actor=run.max_envs_per_actor,
-            episode_groups=run.episode_groups, max_message_bytes=run.max_message_bytes,
-            handshake_timeout_s=run.handshake_timeout_s, episode_metrics=run.metric_rules.episode_names,
-            eval_metrics=run.metric_rules.eval_names, undeclared_metric_slots=run.metric_rules.undeclared_slots,
-            metric_bound=run.metric_rules.bound, max_metric_name_bytes=MAX_NAME_BYTES)
+            protocol_version=PROTOCOL_VERSION, problem=contract.problem, hparams=contract.hparams,
+            observation_spec=[s.to_proto() for s in contract.observation_specs],
+            action_spec=[s.to_proto() for s in contract.action_specs],
+            extra_spec=[s.to_proto() for s in contract.extra_specs],
+            num_envs_multiple=self.run.train.unroll_hook.num_envs_multiple,
+            max_envs_per_actor=contract.max_envs_per_actor, episode_groups=contract.episode_groups,
+            max_message_bytes=contract.max_message_bytes, handshake_timeout_s=self.run.timeouts.handshake_s,
+            episode_metrics=rules.episode_names, eval_metrics=rules.eval_names,
+            undeclared_metric_slots=rules.undeclared_slots, metric_bound=rules.bound,
+            max_metric_name_bytes=MAX_NAME_BYTES)
 
     async def GetStatus(self, request: pb.StatusRequest, context: grpc.aio.ServicerContext) -> pb.Status:
         return await asyncio.to_thread(self.run.run.status)  # reads counters that ranks exchange under a lock
@@ -111,11 +112,11 @@ class LearnerService(pb_grpc.LearnerServicer):
         if self.run.run.is_finished():
             return pb.EvalWork(finished=True)
         mode = self.run.actors.mode_of(request.actor_id)
-        if mode != pb.EVAL or self.run.eval_rounds is None:
+        if mode != pb.EVAL or self.run.evaluation.rounds is None:
             await self._abort(context, grpc.StatusCode.FAILED_PRECONDITION,
                               f"actor {request.actor_id!r} has no open eval stream: open one with mode EVAL first")
         # A new round copies the model under the policy lock, which a training update may hold.
-        work = await asyncio.to_thread(self.run.eval_rounds.work, request.actor_id, max(1, request.max_episodes))
+        work = await asyncio.to_thread(self.run.evaluation.rounds.work, request.actor_id, max(1, request.max_episodes))
         return pb.EvalWork(round=work.round, policy_version=work.policy_version, episodes=work.episodes,
                            retry_after_s=work.retry_after_s)
 
@@ -149,15 +150,15 @@ class LearnerService(pb_grpc.LearnerServicer):
         if refusal:
             raise StreamRejected(grpc.StatusCode.FAILED_PRECONDITION, refusal)
         evaluating = handshake.mode == pb.EVAL
-        if evaluating and self.run.eval_rounds is None:
+        if evaluating and self.run.evaluation.rounds is None:
             raise StreamRejected(grpc.StatusCode.FAILED_PRECONDITION, "this learner runs no evaluation")
-        idle_timeout_s = self.run.eval_idle_timeout_s if evaluating else self.run.idle_timeout_s
+        idle_timeout_s = self.run.timeouts.eval_idle_s if evaluating else self.run.timeouts.idle_s
         stream = self.run.actors.join(handshake.actor_id, handshake.mode, idle_timeout_s, asyncio.current_task())
         if stream is None:
             raise StreamRejected(grpc.StatusCode.ALREADY_EXISTS,
                                  f"actor id {handshake.actor_id!r} is already connected; give each actor its own "
                                  "--actor_id")
-        store = self.run.eval_store if evaluating else self.run.store
+        store = self.run.evaluation.store if evaluating else self.run.train.store
         if store.free_slots() < handshake.num_envs:  # growing copies every buffer: off the loop
             try:
                 await asyncio.to_thread(store.reserve, handshake.num_envs)
@@ -166,17 +167,17 @@ class LearnerService(pb_grpc.LearnerServicer):
                 raise
         slots = store.allocate(handshake.num_envs)
         if not evaluating:
-            self.run.unroll_hook.actor_joined(slots)
+            self.run.train.unroll_hook.actor_joined(slots)
         try:
             await context.write(pb.LearnerMessage(accepted=pb.HandshakeAccepted(
-                run_name=self.run.problem, policy_version=self.run.run.policy_version())))
+                run_name=self.run.contract.problem, policy_version=self.run.run.policy_version())))
             return await self._serve_steps(stream, handshake.num_envs, slots, context)
         finally:
             if not evaluating:
-                self.run.unroll_hook.actor_left(slots)
+                self.run.train.unroll_hook.actor_left(slots)
                 self.intake.release(slots)
             else:
-                self.run.eval_rounds.disconnect(handshake.actor_id)
+                self.run.evaluation.rounds.disconnect(handshake.actor_id)
             store.release(slots)
             self.run.actors.leave(handshake.actor_id)
 
@@ -206,10 +207,11 @@ class LearnerService(pb_grpc.LearnerServicer):
                     request, episodes = self.intake.decode_eval(message.step, slots, num_envs)
                     # A round's end writes its results: off the loop.
                     take = self.intake.eval_request
-                    future = self.run.eval_batcher.submit(await asyncio.to_thread(take, actor, request, episodes)
-                                                          if episodes else take(actor, request, episodes))
+                    future = self.run.evaluation.batcher.submit(await asyncio.to_thread(take, actor, request, episodes)
+                                                                if episodes else take(actor, request, episodes))
                 else:
-                    future = self.run.batcher.submit(self.intake.train_request(message.step, slots, num_envs, actor))
+                    request = self.intake.train_request(message.step, slots, num_envs, actor)
+                    future = self.run.train.batcher.submit(request)
             except WireError as e:
                 raise StreamRejected(grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor!r}: {e}") from None
             start = time.monotonic()
@@ -220,7 +222,7 @@ class LearnerService(pb_grpc.LearnerServicer):
             except Exception as e:  # the step passed every check: the failure is the learner's (inference_failures)
                 self._inference_failed(actor, e)
             self.failures.served()
-            self.run.scalars.add("inference/latency_ms", 1000 * (time.monotonic() - start))
+            self.run.train.scalars.add("inference/latency_ms", 1000 * (time.monotonic() - start))
             await context.write(pb.LearnerMessage(actions=pb.Actions(actions=encode_all(actions),
                                                                      policy_version=self.run.run.policy_version())))
         if not self.run.run.is_finished():
@@ -245,7 +247,7 @@ class LearnerService(pb_grpc.LearnerServicer):
     async def _first_message(self, context: grpc.aio.ServicerContext) -> pb.ActorMessage | None:
         """The handshake, read within the handshake timeout: a connection that never says
         who it is must not hold a stream slot."""
-        timeout = self.run.handshake_timeout_s
+        timeout = self.run.timeouts.handshake_s
         try:
             first = await asyncio.wait_for(context.read(), timeout)
         except asyncio.TimeoutError:

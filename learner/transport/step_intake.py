@@ -43,8 +43,8 @@ class StepIntake:
     def train_request(self, step: pb.Step, slots: np.ndarray, num_envs: int, actor: str = "") -> StepRequest:
         """The inference request of a train step; raises WireError naming what is wrong."""
         request, episodes = self.decoder.decode_step(step, slots, num_envs)
-        if self.run.step_ledger.take(int(request.run_ids[0]), step.sequence):  # not a resent one
-            accounts = self.run.accounts
+        if self.run.train.step_ledger.take(int(request.run_ids[0]), step.sequence):  # not a resent one
+            accounts = self.run.train.accounts
             ended = accounts.step(request.slots, request.run_ids, request.reward,
                                   request.terminated | request.truncated)
             if len(ended.rows) or episodes:
@@ -58,7 +58,7 @@ class StepIntake:
 
     def release(self, slots: np.ndarray) -> None:
         """A train stream ended: its envs' episode accounts wait for a reconnect."""
-        self.run.accounts.release(slots)
+        self.run.train.accounts.release(slots)
 
     def decode_eval(self, step: pb.Step, slots: np.ndarray, num_envs: int) -> tuple[StepRequest, list[Episode]]:
         return self.decoder.decode_step(step, slots, num_envs, evaluating=True)
@@ -70,13 +70,13 @@ class StepIntake:
             if episode.eval_episode is None:
                 raise WireError(f"finished_episodes: env {episode.env} of an eval actor gives no eval_episode")
             try:
-                result = self.run.eval_rounds.record(actor_id, episode.eval_episode, episode.metrics, episode.images,
-                                                     episode.record)
+                result = self.run.evaluation.rounds.record(actor_id, episode.eval_episode, episode.metrics,
+                                                           episode.images, episode.record)
             except ValueError as e:
                 raise WireError(f"finished_episodes: {e}") from None
-            if result is not None and self.run.eval_results is not None:
-                self.run.eval_results(result)
-        snapshot = self.run.eval_rounds.agent_for(actor_id)
+            if result is not None and self.run.evaluation.results is not None:
+                self.run.evaluation.results(result)
+        snapshot = self.run.evaluation.rounds.agent_for(actor_id)
         if snapshot is None:
             raise WireError("an eval step before any eval work: call GetEvalWork first")
         return EvalRequest(request, snapshot[0])
@@ -87,10 +87,10 @@ class StepIntake:
         for group, metrics in episodes:
             for name, value in metrics.items():
                 if name == "return":
-                    self.run.scalars.add_with_spread(episode_tag(group, name), value)
+                    self.run.train.scalars.add_with_spread(episode_tag(group, name), value)
                 else:
-                    self.run.scalars.add(episode_tag(group, name), value)
-        self.run.episodes.extend(metrics for group, metrics in episodes if group == TRAIN)
+                    self.run.train.scalars.add(episode_tag(group, name), value)
+        self.run.train.episodes.extend(metrics for group, metrics in episodes if group == TRAIN)
 
     def _log_disputes(self, actor: str, disputes: list[str]) -> None:
         now = time.monotonic()
@@ -101,4 +101,4 @@ class StepIntake:
         self._logged[actor] = now
         log.warning("actor %r reports episodes that differ from the steps the learner took in; the learner counts "
                     "its own figures (learner/disputed_episodes in TensorBoard, %d so far; at most one line a minute "
-                    "per actor): %s", actor, self.run.accounts.disputed, "; ".join(disputes[:3]))
+                    "per actor): %s", actor, self.run.train.accounts.disputed, "; ".join(disputes[:3]))

@@ -52,15 +52,15 @@ class WireDecoder:
         if handshake.protocol_version != PROTOCOL_VERSION:
             return (f"protocol version {handshake.protocol_version} from the actor, but the learner speaks "
                     f"{PROTOCOL_VERSION}: run the same fleetrl version on both")
-        if handshake.problem != run.problem:
-            return f"the actor runs problem {handshake.problem!r} and the learner serves {run.problem!r}"
+        if handshake.problem != run.contract.problem:
+            return f"the actor runs problem {handshake.problem!r} and the learner serves {run.contract.problem!r}"
         if not handshake.actor_id:
             return "the handshake has no actor_id"
-        if not 0 < handshake.num_envs <= run.max_envs_per_actor:
+        if not 0 < handshake.num_envs <= run.contract.max_envs_per_actor:
             return (f"the handshake has num_envs = {handshake.num_envs}; this learner takes 1 to "
-                    f"{run.max_envs_per_actor} envs per actor (--max_envs_per_actor)")
+                    f"{run.contract.max_envs_per_actor} envs per actor (--max_envs_per_actor)")
         if handshake.mode == pb.TRAIN:
-            refusal = run.unroll_hook.admit(handshake.num_envs)
+            refusal = run.train.unroll_hook.admit(handshake.num_envs)
             if refusal:
                 return refusal
         try:
@@ -69,9 +69,9 @@ class WireDecoder:
             extras = tuple(TensorSpec.from_proto(s) for s in handshake.extra_spec)
         except WireError as e:
             return str(e)
-        return (spec_mismatch("observation", run.observation_specs, observations)
-                or spec_mismatch("action", run.action_specs, actions)
-                or spec_mismatch("extra", run.extra_specs, extras))
+        return (spec_mismatch("observation", run.contract.observation_specs, observations)
+                or spec_mismatch("action", run.contract.action_specs, actions)
+                or spec_mismatch("extra", run.contract.extra_specs, extras))
 
     def decode_step(self, step: pb.Step, slots: np.ndarray, num_envs: int,
                     evaluating: bool = False) -> tuple[StepRequest, list[Episode]]:
@@ -92,7 +92,7 @@ class WireDecoder:
         if (run_ids == 0).any():
             raise WireError("run_ids: 0 is reserved, use a random nonzero id per env")
         rewards = np.array(step.rewards[:], np.float32)
-        bound = self.run.metric_rules.bound
+        bound = self.run.contract.metric_rules.bound
         if not (np.abs(rewards) <= bound).all():  # one test for NaN, inf and too large
             row = int(np.flatnonzero(~(np.abs(rewards) <= bound))[0])
             if not np.isfinite(rewards[row]):
@@ -101,8 +101,9 @@ class WireDecoder:
                             f"problem's bound of {bound:g} (Problem.metric_bound)")
         request = StepRequest(
             slots=slots[indices], run_ids=run_ids,
-            observation=decode_all(step.observations, self.run.observation_specs, count, "observation", indices),
-            extras=decode_all(step.extras, self.run.extra_specs, count, "extra", indices),
+            observation=decode_all(step.observations, self.run.contract.observation_specs, count, "observation",
+                                   indices),
+            extras=decode_all(step.extras, self.run.contract.extra_specs, count, "extra", indices),
             reward=rewards, terminated=np.array(step.terminated[:], bool), truncated=np.array(step.truncated[:], bool),
         )
         if not step.finished_episodes:
@@ -138,11 +139,11 @@ class WireDecoder:
         """A finished episode of a step (on the step's row `row`); raises WireError naming what is wrong."""
         if episode.env_index >= num_envs:
             raise WireError(f"finished_episodes: env index {episode.env_index} is unknown")
-        self.run.metric_rules.check(episode.env_index, episode.metrics, evaluating)
+        self.run.contract.metric_rules.check(episode.env_index, episode.metrics, evaluating)
         group = episode.group or TRAIN
-        if group not in self.run.episode_groups:
+        if group not in self.run.contract.episode_groups:
             raise WireError(f"finished_episodes: env {episode.env_index} names episode group {group!r}; "
-                            f"this run has {list(self.run.episode_groups)}")
+                            f"this run has {list(self.run.contract.episode_groups)}")
         return Episode(episode.env_index, row, dict(episode.metrics), group,
                        episode.eval_episode if episode.HasField("eval_episode") else None, decode_images(episode),
                        self._record(episode))
@@ -153,11 +154,11 @@ class WireDecoder:
         field = f"finished_episodes env {episode.env_index} record"
         if not episode.HasField("eval_episode"):
             raise WireError(f"{field}: records come only with eval episodes")
-        if self.run.check_episode_record is None:
+        if self.run.evaluation.check_episode_record is None:
             raise WireError(f"{field}: this run's Problem takes no episode records on the learner")
         record = decode_record(episode.record, field)
         try:
-            self.run.check_episode_record(record)
+            self.run.evaluation.check_episode_record(record)
         except ValueError as e:
             raise WireError(f"{field}: {e}") from None
         return record
