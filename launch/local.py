@@ -19,7 +19,7 @@ import sys
 import time
 
 import grpc
-from absl import flags
+from absl import flags, logging
 
 from fleetrl.common.files import atomic_write_json
 from fleetrl.launch.configs import FleetConfig, LocalConfig
@@ -33,6 +33,7 @@ from fleetrl.launch.processes import ChildProcesses
 from fleetrl.launch.progress import Progress, print_next_steps, print_summary, script
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.run.run_files import address_file
+from fleetrl.problems.registry import load_problem
 from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
 
@@ -114,7 +115,7 @@ def launch(config: LocalConfig) -> int:
             return 1
         code = learner.process.wait()
         children.stop(learners[1:] + actors, timeout_s=15)  # the other ranks end at the same batch as rank 0
-        return _report(learner_cfg.logdir, code, learner, config.tensorboard_port, learner_cfg.problem)
+        return _report(learner_cfg, code, learner, config.tensorboard_port)
     finally:
         children.stop()
 
@@ -134,7 +135,8 @@ def _wait_for_address(path: str, learner) -> str | None:
     return None
 
 
-def _report(logdir: str, code: int, learner, tensorboard_port: int, problem: str) -> int:
+def _report(learner_cfg: LearnerConfig, code: int, learner, tensorboard_port: int) -> int:
+    logdir = learner_cfg.logdir
     summary_path = os.path.join(logdir, "summary.json")
     if code not in (0, 1) or not os.path.exists(summary_path):
         print(f"the learner exited with code {code}. Last lines of {learner.log_path}:\n{learner.tail()}",
@@ -142,7 +144,12 @@ def _report(logdir: str, code: int, learner, tensorboard_port: int, problem: str
         return code or 1
     with open(summary_path) as f:
         print_summary(json.load(f))
-    print_next_steps(logdir, tensorboard_port, problem)
+    try:  # to fit the printed eval command to the Problem; the run is over whatever this says
+        problem = load_problem(learner_cfg.problem, learner_cfg.hparams)
+    except Exception as e:
+        logging.warning("the next commands assume defaults: the Problem did not load here (%s)", e)
+        problem = None
+    print_next_steps(logdir, tensorboard_port, learner_cfg.problem, problem)
     return code
 
 

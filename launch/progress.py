@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 import sys
 import time
 from collections.abc import Callable, Mapping
@@ -101,11 +102,54 @@ def script(name: str) -> str:
     return relative if not relative.startswith("..") else path
 
 
-def print_next_steps(logdir: str, tensorboard_port: int = 0, problem: str = "") -> None:
-    """The commands that come next, written so that they work as printed: a Problem of the
-    user's own is named, since a checkpoint's import path is not imported unless it is."""
+# What the printed eval command plays of a heavy Problem (simulators in processes of their
+# own, LIBERO's): a few episodes on one env, which any machine that trained it can play.
+HEAVY_EVAL_EPISODES, HEAVY_EVAL_ENVS = 3, 1
+
+
+def watch_command(logdir: str, problem_name: str, problem: Any = None) -> tuple[str, str]:
+    """The command that plays the trained policy, as printed; and a note on what it leaves
+    out ("" when nothing). A Problem of the user's own is named (a checkpoint's import path
+    is not imported unless it is), with the PYTHONPATH it was found on; a heavy Problem plays
+    a few episodes on one env; --record is offered where there is something to draw."""
+    own = bool(problem_name) and problem_name not in registered_names()
+    pythonpath = os.environ.get("PYTHONPATH", "")
+    command = f"PYTHONPATH={shlex.quote(pythonpath)} " if own and pythonpath else ""
+    command += f"{script('python')} -m fleetrl.launch.evaluate --checkpoint={shlex.quote(logdir)}"
+    command += f" --problem={problem_name}" if own else ""
+    note = ""
+    heavy = problem is not None and problem.envs_in_subprocesses
+    if heavy:
+        command += f" --episodes={HEAVY_EVAL_EPISODES} --num_envs={HEAVY_EVAL_ENVS}"
+        note = (f"{HEAVY_EVAL_EPISODES} of the {problem.num_eval_episodes()} episodes of the eval set; "
+                "--episodes=0 plays them all, and --num_envs as many at once as memory allows")
+    if problem is None or _recordable(problem, build_env=not heavy):
+        command += " --record"
+    return command, note
+
+
+def _recordable(problem: Any, build_env: bool) -> bool:
+    """Whether recorded episodes would have frames: an image observation, or (when building
+    an eval env is cheap) an env that draws itself."""
+    if any(spec.dtype == np.uint8 and len(spec.shape) == 3 and spec.shape[-1] == 3
+           for spec in problem.observation_specs()):
+        return True
+    if not build_env:
+        return False
+    env = problem.make_eval_env()
+    try:
+        obs, _ = env.reset(seed=0)
+        observation = obs if isinstance(obs, dict) else {"observation": obs}
+        return problem.render_frame({k: np.asarray(v) for k, v in observation.items()}, env) is not None
+    finally:
+        env.close()
+
+
+def print_next_steps(logdir: str, tensorboard_port: int = 0, problem_name: str = "", problem: Any = None) -> None:
+    """The commands that come next, written so that they work as printed on this machine."""
     running = f"  (running on http://localhost:{tensorboard_port})" if tensorboard_port else ""
     print(f"TensorBoard: {script('tensorboard')} --logdir {logdir}{running}")
-    own = f" --problem={problem}" if problem and problem not in registered_names() else ""
-    print(f"Watch the trained policy: {script('python')} -m fleetrl.launch.evaluate --checkpoint={logdir}{own} "
-          "--record")
+    command, note = watch_command(logdir, problem_name, problem)
+    print(f"Watch the trained policy: {command}")
+    if note:
+        print(f"  ({note})")

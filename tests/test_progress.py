@@ -35,3 +35,40 @@ def test_a_summary_without_episodes_prints_a_dash_for_its_mean_return(capsys):
     print_summary({"reason": "budget reached", "env_steps": 9931, "episodes": 0, "return_window": 100,
                    "mean_episode_return": None, "returns_in_window": 0, "trainer_steps": 574, "wall_s": 63.0})
     assert "mean return of the last 100 - | trainer steps 574" in capsys.readouterr().out
+
+
+def test_the_watch_command_fits_the_problem_it_plays(monkeypatch, tmp_path):
+    """The command printed at a run's end runs as printed: a user's Problem keeps its
+    PYTHONPATH and is named; a heavy simulator plays a few episodes on one env, with a note
+    on the whole eval set; --record only where there is something to draw."""
+    import shlex
+
+    from fleetrl.launch.progress import HEAVY_EVAL_ENVS, HEAVY_EVAL_EPISODES, watch_command
+    from fleetrl.problems.cartpole import CartPoleProblem
+    from fleetrl.problems.continuous_control import PendulumProblem
+
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path / "my code"))
+    command, note = watch_command("runs/a", "cartpole", CartPoleProblem.from_hparams({}))
+    assert command.endswith("-m fleetrl.launch.evaluate --checkpoint=runs/a --record") and note == ""
+    assert "PYTHONPATH" not in command  # a built-in Problem needs none
+
+    command, _ = watch_command("runs/a", "my_pkg.nav:MyProblem", CartPoleProblem.from_hparams({}))
+    words = shlex.split(command)
+    assert words[0] == f"PYTHONPATH={tmp_path / 'my code'}" and "--problem=my_pkg.nav:MyProblem" in words
+
+    class Heavy(CartPoleProblem):
+        envs_in_subprocesses = True
+
+    command, note = watch_command("runs/a", "cartpole", Heavy.from_hparams({}))
+    assert f"--episodes={HEAVY_EVAL_EPISODES} --num_envs={HEAVY_EVAL_ENVS}" in command
+    assert "--record" not in command  # no image observation, and no env built to ask it to draw
+    assert "--episodes=0 plays them all" in note and f"of the {Heavy.from_hparams({}).num_eval_episodes()} " in note
+
+    class Blind(PendulumProblem):
+        def make_env(self):
+            import gymnasium as gym
+
+            return gym.make("Pendulum-v1")  # no render_mode: nothing to draw
+
+    command, _ = watch_command("runs/a", "pendulum", Blind.from_hparams({}))
+    assert "--record" not in command
