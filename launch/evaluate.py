@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
     except (ValueError, MissingExtra) as e:  # a bad flag, an unknown Problem, a checkpoint that does not fit
         logging.error("%s", e)
         return 2
-    print(f"evaluating {path or 'the pretrained weights its hparams name'}")
+    print(f"evaluating {policy.source()}")
     episodes = config.episodes or problem.num_eval_episodes()
     output = config.output or (os.path.splitext(path)[0] + "-eval" if path else os.path.join("runs", f"{name}-eval"))
     recorder = (EpisodeRecorder(problem, output, config.record_episodes, config.record_fps, config.record_format)

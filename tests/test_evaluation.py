@@ -264,3 +264,32 @@ def test_eval_record_hooks_are_taken_from_a_problem_with_or_without_the_eval_rec
     assert recorded.learner_writes_eval_records() and recorded.eval_images({}) == {}
     assert plain.eval_images({}) == {} and plain.eval_metric_names() == () and plain.episode_record({}) is None
     assert not hasattr(CartPoleProblem.from_hparams({}), "eval_images")  # not on a Problem that does not ask
+
+
+def test_evaluation_without_a_checkpoint_says_what_it_plays(tmp_path):
+    """No checkpoint: an agent with no model_path is randomly initialised, and says so
+    (it used to be announced as "the pretrained weights its hparams name")."""
+    result = subprocess.run([sys.executable, "-m", "fleetrl.launch.evaluate", "--problem=cartpole", "--episodes=2",
+                             "--num_envs=2", f"--output={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert "evaluating a randomly initialised agent (no checkpoint, no model_path)" in result.stdout
+
+
+def test_a_loaded_pi0_folder_is_reported_in_one_line(tmp_path, caplog):
+    """Which model, how large, whose tokenizer, and whether normalization statistics were
+    found and applied."""
+    import logging
+
+    from fleetrl.agents.pi0.flow_vla_agent import load_base
+    from fleetrl.agents.pi0.tiny import TinyPi0Config, build_tiny_pi0
+    from fleetrl.learner.run.saved_policy import pretrained_policy
+
+    folder = build_tiny_pi0(["pick up the red block"], TinyPi0Config(pi05=True, action_dim=8, action_horizon=4),
+                            root=str(tmp_path))
+    with caplog.at_level(logging.INFO, logger="fleetrl.agents.pi0.flow_vla_agent"):
+        load_base(folder)
+    (line,) = [r.getMessage() for r in caplog.records if r.getMessage().startswith("loaded ")]
+    assert line.startswith(f"loaded pi0.5 from {folder}: ") and "M parameters (float32)" in line
+    assert f"tokenizer from {folder}" in line and "normalization: " in line
+    policy = pretrained_policy("point_reach", {"model_path": "tiny"})
+    assert policy.source().startswith("a tiny randomly initialised model (model_path=tiny")

@@ -32,6 +32,7 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
@@ -61,6 +62,8 @@ from fleetrl.agents.pi0.sampler import FlowSample, chain_log_prob, sample
 
 EXPORTED_HEADS, EXPORTED_ARCHITECTURE = "fleetrl_heads.pt", "fleetrl_agent.json"
 
+log = logging.getLogger(__name__)
+
 
 @dataclasses.dataclass
 class BaseModel:
@@ -73,15 +76,22 @@ def load_base(model_path: str, dtype: str = "float32", tokenizer_path: str = "",
               variant: str = "pi0", action_width: int = 32, action_horizon: int = 50, expert_width: int = 0,
               max_token_len: int = 0, discrete_state_input: bool | None = None) -> BaseModel:
     """The model, its tokenizer and its statistics from `model_path` (see the module's doc)."""
+    found = None
     if _is_paligemma(model_path):
         model = pi0_from_paligemma(model_path, variant, action_width, action_horizon, expert_width, dtype,
                                    max_token_len)
-        stats = None
+        stats, what = None, f"a PaliGemma prefix with a fresh {variant} action expert"
     else:
         model = load_pi0(model_path, dtype, max_token_len=max_token_len, discrete_state_input=discrete_state_input)
         found = find_norm_stats(model_path, asset_id)
-        stats = read_norm_stats(found) if found else None
-    return BaseModel(model, _tokenizer(tokenizer_path or model_path, model_path), stats)
+        stats, what = (read_norm_stats(found) if found else None), ("pi0.5" if model.config.pi05 else "pi0")
+    tokenizer = _tokenizer(tokenizer_path or model_path, model_path)
+    kind = "quantile" if model.config.pi05 else "z-score"
+    norm = (f"{found} ({kind}), applied to the state and actions" if found else
+            "none found: the state and actions pass unnormalized")
+    log.info("loaded %s from %s: %.1fM parameters (%s), tokenizer from %s; normalization: %s", what, model_path,
+             sum(p.numel() for p in model.parameters()) / 1e6, dtype, tokenizer_path or model_path, norm)
+    return BaseModel(model, tokenizer, stats)
 
 
 def _is_paligemma(model_path: str) -> bool:

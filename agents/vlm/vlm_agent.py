@@ -36,6 +36,7 @@ model's config, so a checkpoint is small and refuses to load onto another base m
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 import warnings
@@ -69,6 +70,9 @@ def architecture_of(model_path: str) -> str:
     return (config.architectures or ["?"])[0]
 
 
+log = logging.getLogger(__name__)
+
+
 def load_vlm(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, Any]:
     """The model and processor in the local folder `model_path` (never the hub)."""
     transformers = _transformers()
@@ -76,6 +80,8 @@ def load_vlm(model_path: str, dtype: torch.dtype) -> tuple[nn.Module, Any]:
     model = transformers.AutoModelForImageTextToText.from_pretrained(model_path, local_files_only=True, dtype=dtype)
     processor = transformers.AutoProcessor.from_pretrained(model_path, local_files_only=True)
     processor.tokenizer.padding_side = "left"  # generation continues every prompt at the same position
+    log.info("loaded %s from %s: %.1fM parameters (%s), its tokenizer and image processor",
+             type(model).__name__, model_path, sum(p.numel() for p in model.parameters()) / 1e6, dtype)
     return model, processor
 
 

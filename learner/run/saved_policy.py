@@ -23,6 +23,17 @@ class SavedPolicy:
     hparams: dict[str, str]  # the Problem's: the run's, with the caller's over them
     agent: Agent  # the saved weights, in eval mode
 
+    def source(self) -> str:
+        """What the agent's weights are, in words: the checkpoint, a pretrained model, or none."""
+        if self.path:
+            return self.path
+        model_path = getattr(self.problem.config, "model_path", "")
+        if model_path == "tiny":
+            return "a tiny randomly initialised model (model_path=tiny: no checkpoint, nothing pretrained)"
+        if model_path:
+            return f"the pretrained weights at {model_path} (no fleetrl checkpoint)"
+        return "a randomly initialised agent (no checkpoint, no model_path)"
+
 
 def load_policy(checkpoint: str, hparams: Mapping[str, str] | None = None, problem: str | None = None,
                 device: str | torch.device = "cpu", any_problem: bool = False) -> SavedPolicy:
@@ -51,7 +62,8 @@ def load_policy(checkpoint: str, hparams: Mapping[str, str] | None = None, probl
 def pretrained_policy(problem: str, hparams: Mapping[str, str] | None = None,
                       device: str | torch.device = "cpu") -> SavedPolicy:
     """`problem`'s agent as `make_agent` builds it, no fleetrl checkpoint: a pretrained model
-    that its hparams name (a flow VLA's `model_path`, an openpi checkpoint) played as is."""
+    that its hparams name (a flow VLA's `model_path`, an openpi checkpoint) played as is, or
+    else a randomly initialised one (`SavedPolicy.source` says which)."""
     loaded = load_problem(problem, dict(hparams or {}))
     agent = loaded.make_agent().to(device).eval()
     return SavedPolicy("", {"problem": problem, "policy_version": 0}, loaded, dict(hparams or {}), agent)
