@@ -28,7 +28,7 @@ from collections.abc import Iterator
 import grpc
 import numpy as np
 
-from fleetrl.actor.channel import learner_channel
+from fleetrl.actor.channel import learner_channel, tls_mistake
 from fleetrl.actor.config import ActorConfig
 from fleetrl.actor.env_groups import EnvGroup, env_actions, group_bounds, make_env_groups, step_message
 from fleetrl.actor.eval_episodes import EvalEpisodes, Pending
@@ -236,6 +236,12 @@ class Actor:
                                      f"{self.actor_id}: {code.name}: {e.details()}") from None
                 if self.steps_sent > sent_before:  # progress was made: the budget starts again
                     delay, give_up_at = 0.2, time.monotonic() + self.config.max_reconnect_s
+                tls = None
+                if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
+                    tls = tls_mistake(self._connection_failure(e), self.learner_address, self.config.tls_ca,
+                                      self.config.tls_server_name)
+                if tls is not None and (tls[1] or time.monotonic() >= give_up_at):
+                    raise ActorError(f"cannot reach the learner at {self.learner_address} over TLS: {tls[0]}") from None
                 if time.monotonic() >= give_up_at:
                     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED):
                         raise ActorError(
@@ -249,6 +255,18 @@ class Actor:
                             self.learner_address, code.name, wait)
                 time.sleep(max(wait, 0.0))
                 delay = min(delay * 2, 10.0)
+
+
+    def _connection_failure(self, error: grpc.RpcError) -> str:
+        """Why the channel does not connect, in gRPC's words: a call that waited for the
+        channel only says its deadline passed, so one that does not wait is made to ask."""
+        if error.code() == grpc.StatusCode.UNAVAILABLE:
+            return error.details() or ""
+        try:
+            self._stub.GetRunInfo(pb.RunInfoRequest(), timeout=2)
+        except grpc.RpcError as probe:
+            return probe.details() or ""
+        return ""
 
 
 def pick_learner(addresses: str, actor_id: str) -> str:

@@ -64,3 +64,22 @@ def _read(path: str) -> bytes | None:
             return f.read()
     except OSError as e:
         raise ValueError(f"cannot read {path}: {e.strerror}") from None
+
+
+def tls_mistake(details: str, address: str, tls_ca: str, tls_server_name: str) -> tuple[str, bool] | None:
+    """What a failed connection's details say of a TLS setting, with the setting to check;
+    and whether waiting cannot fix it. None: nothing about TLS (no learner there, say)."""
+    if "Hostname Verification Check failed" in details or "Peer name" in details:
+        name = f"--tls_server_name={tls_server_name}" if tls_server_name else f"the address's host ({address})"
+        return (f"the learner's certificate does not name {name}: pass --tls_server_name=<a name its certificate "
+                "holds>, or dial the learner by such a name"), True
+    if "CERTIFICATE_VERIFY_FAILED" in details:
+        return (f"the learner's certificate is not signed by --tls_ca={tls_ca}: pass the CA that signed it"), True
+    if "WRONG_VERSION_NUMBER" in details:
+        return (f"the learner at {address} does not speak TLS: drop --tls_ca (and --tls_cert/--tls_key), or start "
+                "the learner with --tls_cert and --tls_key"), True
+    if "Socket closed" in details and not tls_ca:
+        # A TLS learner closes a plaintext connection at once; so may a learner that is stopping.
+        return (f"the learner at {address} closed every connection at once: if it serves TLS, pass --tls_ca=<the "
+                "CA that signed its certificate>"), False
+    return None

@@ -18,8 +18,9 @@ from fleetrl.proto import learner_pb2 as pb
 from fleetrl.proto import learner_pb2_grpc as pb_grpc
 
 
-def certificate(name: str, issuer=None, is_ca=False):
-    """A key and a certificate for `name`, signed by `issuer` (a key, certificate pair) or self-signed."""
+def certificate(name: str, issuer=None, is_ca=False, names=("localhost", "127.0.0.1")):
+    """A key and a certificate for `name`, signed by `issuer` (a key, certificate pair) or
+    self-signed; a server's names (DNS names and IP addresses) in its subject alternative names."""
     key = ec.generate_private_key(ec.SECP256R1())
     subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)])
     signer_key, signer_cert = issuer or (key, None)
@@ -31,8 +32,15 @@ def certificate(name: str, issuer=None, is_ca=False):
                .add_extension(x509.BasicConstraints(ca=is_ca, path_length=None), critical=True))
     if not is_ca:
         builder = builder.add_extension(x509.SubjectAlternativeName(
-            [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            [_alternative_name(n) for n in names]), critical=False)
     return key, builder.sign(signer_key, hashes.SHA256())
+
+
+def _alternative_name(name: str) -> x509.GeneralName:
+    try:
+        return x509.IPAddress(ipaddress.ip_address(name))
+    except ValueError:
+        return x509.DNSName(name)
 
 
 def write_pem(directory, name, key, cert):
@@ -54,6 +62,8 @@ def pki(tmp_path_factory):
     files["client_key"], files["client_cert"] = write_pem(directory, "client", *certificate("actor", ca))
     files["stranger_key"], files["stranger_cert"] = write_pem(directory, "stranger",
                                                               *certificate("actor", stranger_ca))
+    files["elsewhere_key"], files["elsewhere_cert"] = write_pem(
+        directory, "elsewhere", *certificate("learner.example", ca, names=("learner.example",)))
     return files
 
 
@@ -126,3 +136,50 @@ def test_a_connection_that_never_sends_its_handshake_is_dropped(tmp_path, runnin
         assert info.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
         assert "no handshake within 1 s" in info.value.details() and "--handshake_timeout_s" in info.value.details()
         assert learner.service.rejected_messages == 1
+
+
+def test_tls_mistakes_are_named_with_the_setting_to_check(tmp_path, pki, running_learner):
+    """Each used to read "no learner answered ... is one running there?"."""
+    def refusal(address, **tls) -> str:
+        actor = Actor(ActorConfig(learner_address=address, num_envs=2, actor_id="a", max_reconnect_s=1.0, **tls))
+        with pytest.raises(ActorError) as info:
+            actor.run(max_steps=1)
+        return str(info.value)
+
+    with running_learner(tmp_path / "a", tls_cert=pki["server_cert"], tls_key=pki["server_key"]) as learner:
+        message = refusal(learner.address)  # no --tls_ca against a TLS learner
+        assert "if it serves TLS, pass --tls_ca=" in message and "no learner answered" not in message
+        assert "not signed by --tls_ca" in refusal(learner.address, tls_ca=pki["stranger_cert"])
+    with running_learner(tmp_path / "b", tls_cert=pki["elsewhere_cert"], tls_key=pki["elsewhere_key"]) as learner:
+        message = refusal(learner.address, tls_ca=pki["ca"])  # its certificate names learner.example only
+        assert "certificate does not name" in message and "--tls_server_name" in message
+        actor = Actor(ActorConfig(learner_address=learner.address, num_envs=2, actor_id="b", tls_ca=pki["ca"],
+                                  tls_server_name="learner.example"))
+        actor.run(max_steps=3)
+        assert actor.steps_sent == 3
+    with running_learner(tmp_path / "c") as learner:  # plaintext
+        assert "does not speak TLS: drop --tls_ca" in refusal(learner.address, tls_ca=pki["ca"])
+
+
+def test_the_deployment_docs_certificate_recipe_makes_a_working_mutual_tls_setup(tmp_path, running_learner, repo_root):
+    """docs/deployment.md's OpenSSL commands, run as printed: the learner serves mutual TLS with
+    their files, an actor with the client certificate trains, one without it is refused."""
+    import re
+    import shutil
+    import subprocess
+
+    if shutil.which("openssl") is None:
+        pytest.fail("openssl is not installed: the recipe in docs/deployment.md needs it")
+    text = (repo_root / "docs" / "deployment.md").read_text()
+    block = re.search(r"<!-- tls-recipe -->\s*```sh\n(.*?)```", text, re.S).group(1)
+    script = "\n".join(line.strip() for line in block.splitlines())
+    result = subprocess.run(["sh", "-e", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    files = {name: str(tmp_path / name) for name in ("ca.crt", "learner.crt", "learner.key", "actor.crt", "actor.key")}
+    with running_learner(tmp_path / "run", tls_cert=files["learner.crt"], tls_key=files["learner.key"],
+                         tls_client_ca=files["ca.crt"]) as learner:
+        actor = Actor(ActorConfig(learner_address=learner.address, num_envs=2, actor_id="docs",
+                                  tls_ca=files["ca.crt"], tls_cert=files["actor.crt"], tls_key=files["actor.key"]))
+        actor.run(max_steps=3)
+        assert actor.steps_sent == 3
+        assert status(learner_channel(learner.address, 1 << 20, tls_ca=files["ca.crt"])) == grpc.StatusCode.UNAVAILABLE
