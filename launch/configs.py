@@ -62,6 +62,18 @@ class FleetConfig:
 
 
 @dataclasses.dataclass
+class LearnerLaunchConfig:
+    """`launch.learner`: one learner (or learner rank) that actors started elsewhere join."""
+
+    learner: LearnerConfig
+    progress_interval_s: float = setting(1.0, "Seconds between progress lines (redrawn in place on a terminal, "
+                                              "every 10 s in a log); 0: none.")
+
+    def __post_init__(self):
+        check_range("progress_interval_s", self.progress_interval_s, low=0)
+
+
+@dataclasses.dataclass
 class LocalConfig:
     """`launch.local`: the learner, its actors and eval actors as processes on this machine."""
 

@@ -17,7 +17,15 @@ import typing
 
 from fleetrl.actor.config import ActorConfig
 from fleetrl.common.settings import builtin_of
-from fleetrl.launch.configs import DebugConfig, EvaluateConfig, ExportConfig, FleetConfig, LocalConfig, RayConfig
+from fleetrl.launch.configs import (
+    DebugConfig,
+    EvaluateConfig,
+    ExportConfig,
+    FleetConfig,
+    LearnerLaunchConfig,
+    LocalConfig,
+    RayConfig,
+)
 from fleetrl.launch.flags import field_help
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.problems.base import ProblemConfig
@@ -30,6 +38,7 @@ SECTIONS = (
      LearnerConfig, ()),
     ("Fleet", "`launch.local`, `launch.ray` and `launch.debug`: the actors they start (or step in-process)",
      FleetConfig, ()),
+    ("launch.learner", "", LearnerLaunchConfig, ("learner",)),
     ("launch.local", "", LocalConfig, ("learner", "fleet")),
     ("launch.ray", "", RayConfig, ("learner", "fleet")),
     ("launch.debug", "", DebugConfig, ("learner", "fleet")),

@@ -19,18 +19,22 @@ import dataclasses
 import os
 import signal
 import sys
+import threading
 
 from absl import flags, logging
 
 from fleetrl.common.extras import MissingExtra
 from fleetrl.common.files import atomic_write_text
-from fleetrl.launch.flags import define_flags, learner_config_from_flags, run_main
+from fleetrl.launch.configs import LearnerLaunchConfig
+from fleetrl.launch.flags import define_flags, from_flags, learner_config_from_flags, run_main
+from fleetrl.launch.progress import Progress
 from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
 from fleetrl.learner.run.run_files import address_file
 from fleetrl.learner.training.data_parallel import RankEnv, RankFailure
 
 define_flags(LearnerConfig)
+define_flags(LearnerLaunchConfig, skip=("learner",))
 FLAGS = flags.FLAGS
 
 
@@ -53,6 +57,7 @@ def main(argv: list[str]) -> int:
     del argv
     try:
         config = rank_config(learner_config_from_flags())
+        launch = from_flags(LearnerLaunchConfig, learner=config)
         learner = Learner(config)
     except (ValueError, MissingExtra) as e:  # a bad flag or hparam, an unknown Problem, a missing extra, ...
         logging.error("%s", e)
@@ -70,11 +75,15 @@ def main(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
+    progress = ProgressThread(learner.status, launch.progress_interval_s) \
+        if launch.progress_interval_s and config.rank == 0 else None
     try:
         summary = learner.run()
     except RankFailure as e:  # another learner rank died or hung: this one's checkpoint and logs are written
         logging.error("%s", e)
         exit_now(4)
+    if progress is not None:
+        progress.stop()
     logging.info("run ended: %s; %s env steps, %s episodes, mean return %.1f, %s trainer steps, %.0fs",
                  summary.reason, f"{summary.env_steps:,}", summary.episodes, summary.mean_episode_return,
                  summary.trainer_steps, summary.wall_s)
@@ -88,6 +97,27 @@ def main(argv: list[str]) -> int:
     if config.world_size > 1:
         exit_now(code)
     return code
+
+
+class ProgressThread:
+    """launch.local's progress line, for a learner started by hand: the learner's own status
+    every `interval_s`, on a thread of its own while the run trains."""
+
+    def __init__(self, status, interval_s: float):
+        self._status, self._interval_s = status, interval_s
+        self._progress = Progress(sys.stdout.isatty())
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._show, name="progress", daemon=True)
+        self._thread.start()
+
+    def _show(self) -> None:
+        while not self._stopped.wait(self._interval_s):
+            self._progress.show(self._status())
+
+    def stop(self) -> None:
+        self._stopped.set()
+        self._thread.join()
+        self._progress.end()
 
 
 def exit_now(code: int) -> None:

@@ -57,7 +57,7 @@ def server_credentials(cert_file: str, key_file: str, client_ca_file: str = "") 
 class TokenCheck(grpc.aio.ServerInterceptor):
     """Lets a call through only with `authorization: Bearer <token>` in its metadata."""
 
-    def __init__(self, token: str, on_reject: Callable[[], None] = lambda: None):
+    def __init__(self, token: str, on_reject: Callable[[str, str], None] = lambda kind, message: None):
         self._expected = bearer(token).encode()
         self._on_reject = on_reject
 
@@ -66,7 +66,8 @@ class TokenCheck(grpc.aio.ServerInterceptor):
         supplied = supplied.encode() if isinstance(supplied, str) else supplied
         if hmac.compare_digest(supplied, self._expected):
             return await continuation(handler_call_details)
-        self._on_reject()
+        self._on_reject("UNAUTHENTICATED", f"a call to {handler_call_details.method} without the run's auth token "
+                                           "(--auth_token_file)")
         handler = await continuation(handler_call_details)
         if handler is None:
             return None

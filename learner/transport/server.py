@@ -32,6 +32,7 @@ from fleetrl.learner.accounting.metric_rules import MAX_NAME_BYTES
 from fleetrl.learner.inference.inference_batcher import BatcherStopped
 from fleetrl.learner.transport.connected_actors import ActorStream
 from fleetrl.learner.transport.inference_failures import InferenceFailures
+from fleetrl.learner.transport.refusal_log import RefusalLog
 from fleetrl.learner.transport.served_run import ServedRun
 from fleetrl.learner.transport.step_intake import StepIntake
 from fleetrl.learner.transport.wire_messages import UnreadableMessage, actor_message_reader
@@ -58,6 +59,7 @@ class LearnerService(pb_grpc.LearnerServicer):
         self.max_actors = max_actors
         self._open_streams = 0  # handshaken or not; at most max_actors
         self.rejected_messages = 0  # read by other threads: an int
+        self.refusals = RefusalLog()
         self._watchdog: asyncio.Task | None = None
         self.failures = InferenceFailures()  # the learner's own, told apart from actors' bad messages
 
@@ -88,8 +90,11 @@ class LearnerService(pb_grpc.LearnerServicer):
     def resent_steps(self) -> int:
         return self.run.train.step_ledger.resent
 
-    def count_rejection(self) -> None:
+    def count_rejection(self, kind: str = "", message: str = "") -> None:
+        """Counts a refused call, and logs it (rate-limited) when it says why."""
         self.rejected_messages += 1
+        if message:
+            self.refusals.refused(kind, message)
 
     async def GetRunInfo(self, request: pb.RunInfoRequest, context: grpc.aio.ServicerContext) -> pb.RunInfo:
         contract, rules = self.run.contract, self.run.contract.metric_rules
@@ -171,6 +176,8 @@ class LearnerService(pb_grpc.LearnerServicer):
         try:
             await context.write(pb.LearnerMessage(accepted=pb.HandshakeAccepted(
                 run_name=self.run.contract.problem, policy_version=self.run.run.policy_version())))
+            log.info("actor %r joined: %s, %d envs (%d actors connected)", handshake.actor_id,
+                     pb.ActorMode.Name(handshake.mode).lower(), handshake.num_envs, len(self.run.actors))
             return await self._serve_steps(stream, handshake.num_envs, slots, context)
         finally:
             if not evaluating:
@@ -180,6 +187,7 @@ class LearnerService(pb_grpc.LearnerServicer):
                 self.run.evaluation.rounds.disconnect(handshake.actor_id)
             store.release(slots)
             self.run.actors.leave(handshake.actor_id)
+            log.info("actor %r left (%d actors connected)", handshake.actor_id, len(self.run.actors))
 
     async def _serve_steps(self, stream: ActorStream, num_envs: int, slots: np.ndarray,
                            context: grpc.aio.ServicerContext) -> str | None:
@@ -273,7 +281,7 @@ class LearnerService(pb_grpc.LearnerServicer):
     async def _abort(self, context: grpc.aio.ServicerContext, code: grpc.StatusCode, message: str) -> NoReturn:
         """Ends the call with `code`, counted as a rejection. gRPC's abort raises; should a
         context ever return from it, this raises all the same, so that no caller goes on."""
-        self.count_rejection()
+        self.count_rejection(code.name, message)
         await context.abort(code, message)
         raise RuntimeError(f"context.abort({code.name}) returned: {message}")
 
