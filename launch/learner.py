@@ -32,6 +32,7 @@ from fleetrl.learner.config import LearnerConfig
 from fleetrl.learner.learner import Learner
 from fleetrl.learner.run.run_files import address_file
 from fleetrl.learner.training.data_parallel import RankEnv, RankFailure
+from fleetrl.learner.transport.serving import dialable_address
 
 define_flags(LearnerConfig)
 define_flags(LearnerLaunchConfig, skip=("learner",))
@@ -63,9 +64,12 @@ def main(argv: list[str]) -> int:
         logging.error("%s", e)
         return 2
     os.makedirs(config.logdir, exist_ok=True)
-    atomic_write_text(address_file(config.logdir, config.rank), learner.address)
+    dialable = dialable_address(learner.address)  # a wildcard bind is no address to dial
+    atomic_write_text(address_file(config.logdir, config.rank), dialable)
     ranks = f" (rank {config.rank} of {config.world_size})" if config.world_size > 1 else ""
-    logging.info("learner for %s serving on %s%s, logdir %s", config.problem, learner.address, ranks, config.logdir)
+    every = f" (every interface: actors dial {dialable})" if dialable != learner.address else ""
+    logging.info("learner for %s serving on %s%s%s, logdir %s", config.problem, learner.address, every, ranks,
+                 config.logdir)
 
     signalled = []
 

@@ -87,9 +87,17 @@ def print_summary(s: Mapping[str, Any]) -> None:
     print(f"done: {s['reason']}\n"
           f"  env steps {s['env_steps']:,} | episodes {s['episodes']:,} | mean return of the last "
           f"{s['return_window']} {_number(s['mean_episode_return'])} | trainer steps {s['trainer_steps']:,} | "
-          f"{s['wall_s']:.0f}s")
+          f"{_durations(s)}")
     if s.get("target_reached") is False:
         print("  the target mean return was not reached")
+
+
+def _durations(s: Mapping[str, Any]) -> str:
+    """This process's wall time, and the run's when a resume makes it longer."""
+    run = s.get("run_wall_s")
+    if run is None or run - s["wall_s"] < 1:
+        return f"{s['wall_s']:.0f}s"
+    return f"{s['wall_s']:.0f}s (the run's {run:.0f}s, resumes included)"
 
 
 def script(name: str) -> str:

@@ -64,3 +64,19 @@ def test_refusals_are_logged_once_a_minute_per_kind_with_the_count_between(caplo
     assert lines == ["refused: UNAUTHENTICATED: no token",
                      "refused: UNAUTHENTICATED: no token (3 more refused UNAUTHENTICATED since the last such line)",
                      "refused: FAILED_PRECONDITION: wrong problem"]
+
+
+def test_a_wildcard_bind_is_written_as_an_address_other_hosts_can_dial():
+    """`--bind=0.0.0.0:8686` used to leave "0.0.0.0:8686" in <logdir>/learner_address."""
+    import socket
+
+    from fleetrl.learner.transport.serving import dialable_address
+
+    for wildcard in ("0.0.0.0:8686", "[::]:8686"):
+        dialable = dialable_address(wildcard)
+        host, _, port = dialable.rpartition(":")
+        assert port == "8686" and host not in ("0.0.0.0", "[::]")
+        assert socket.getaddrinfo(host, 8686)  # it resolves here
+    assert dialable_address("127.0.0.1:5") == "127.0.0.1:5"
+    assert dialable_address("learner.example:5") == "learner.example:5"
+    assert dialable_address("unix:/tmp/learner.sock") == "unix:/tmp/learner.sock"

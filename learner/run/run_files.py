@@ -23,10 +23,13 @@ class RunSummary:
     returns_in_window: int  # the episodes that mean is over (0: no episode yet, and the mean is null)
     return_window: int
     trainer_steps: int
-    wall_s: float
+    wall_s: float  # this process's
     target_reached: bool | None
     # The checkpoint written as the run ended; None when it could not be (a full disk, say).
     final_checkpoint: str | None = None
+    # The run's, over every process that trained it (resumes included), to its latest checkpoint
+    # before this process and then to the end; None where unknown.
+    run_wall_s: float | None = None
 
 
 def write_run_config(config: LearnerConfig, problem: Problem, logdir: str | None = None) -> dict:

@@ -13,6 +13,7 @@ from fleetrl.learner.evaluation.eval_rounds import EvalRounds
 from fleetrl.learner.inference.inference_step import InferenceStep
 from fleetrl.learner.policy_version import PolicyVersion
 from fleetrl.learner.run.run_files import RunSummary
+from fleetrl.learner.run.run_state import RunState
 from fleetrl.learner.run.stop_conditions import StopConditions
 from fleetrl.learner.training.rank_sync import RankSync
 from fleetrl.learner.training.trainer import Trainer
@@ -35,6 +36,7 @@ class ReportedRun(Protocol):
     inference: InferenceStep
     step_ledger: StepLedger
     stop_conditions: StopConditions
+    run_state: RunState
 
     def is_finished(self) -> bool: ...
 
@@ -70,6 +72,6 @@ def run_summary(run: ReportedRun) -> RunSummary:
         reason=reason, env_steps=counts.env_steps, episodes=counts.episodes,
         mean_episode_return=run.fleet.shown_return(), returns_in_window=run.fleet.shown_return_count(),
         return_window=run.config.return_window,
-        trainer_steps=run.policy.version, wall_s=run.uptime_s(),
+        trainer_steps=run.policy.version, wall_s=run.uptime_s(), run_wall_s=run.run_state.run_wall_s(),
         target_reached=reason.startswith("target reached") if run.stop_conditions.has_target else None,
     )

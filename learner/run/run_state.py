@@ -69,6 +69,14 @@ class RunState:
         self.best: float | None = None
         self._last_save = (time.monotonic(), 0)  # (time, policy version)
         self.failed_checkpoint_writes = 0
+        # The run's wall time before this process, as its latest checkpoint had it (a resume
+        # loses the time between that checkpoint and the end of the process that wrote it).
+        self.earlier_wall_s = 0.0
+        self._process_started = time.monotonic()
+
+    def run_wall_s(self) -> float:
+        """The run's wall time over every process that trained it, this one included."""
+        return self.earlier_wall_s + time.monotonic() - self._process_started
 
     @property
     def env_steps(self) -> int:
@@ -90,7 +98,7 @@ class RunState:
             "return_window": self.episodes.recent(),
             "step_ledger": step_ledger if step_ledger is not None else self.step_ledger.state(),
             "learner_ranks": self.fleet.world_size,
-            "eval_rounds": self.eval_rounds.completed, "best": self.best,
+            "eval_rounds": self.eval_rounds.completed, "best": self.best, "run_wall_s": self.run_wall_s(),
             "rng": {"torch": torch.get_rng_state(), "trainer_shuffle": self.shuffle_generator.get_state()},
         }
         if with_optimizer:
@@ -191,6 +199,7 @@ class RunState:
         self.step_ledger.restore(checkpoint.get("step_ledger", []))  # absent from checkpoints before it
         self.eval_rounds.resume(checkpoint["eval_rounds"])
         self.best = checkpoint["best"]
+        self.earlier_wall_s = checkpoint.get("run_wall_s", 0.0)  # absent before 12-08
         torch.set_rng_state(checkpoint["rng"]["torch"])
         self.shuffle_generator.set_state(checkpoint["rng"]["trainer_shuffle"])
         self.fleet.start_from(checkpoint["env_steps"], checkpoint["episodes"])

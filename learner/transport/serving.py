@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 import threading
 
 import grpc
@@ -30,6 +31,26 @@ LOOPBACK = ("127.", "localhost", "unix:", "[::1]")
 # --max_actors. Past all of them gRPC refuses calls itself ("Concurrent RPC limit exceeded").
 SIDE_CALLS = 4
 REFUSALS = 4
+
+
+WILDCARD_HOSTS = ("0.0.0.0", "::", "[::]", "")
+
+
+def dialable_address(address: str) -> str:
+    """`address` as other hosts can dial it: a wildcard bind ("0.0.0.0:8686", every interface)
+    becomes this host's name, if that name resolves here (else its loopback address, which
+    only this host can dial); any other address is returned as it is."""
+    host, _, port = address.rpartition(":")
+    if address.startswith("unix:") or host not in WILDCARD_HOSTS:
+        return address
+    name = socket.getfqdn()
+    try:
+        socket.getaddrinfo(name, int(port))
+    except (OSError, ValueError):
+        log.warning("serving on every interface (%s), but this host's name %r does not resolve: actors on other "
+                    "hosts must dial one of its addresses", address, name)
+        return f"127.0.0.1:{port}"
+    return f"{name}:{port}"
 
 
 def max_calls(config: LearnerConfig) -> int:
