@@ -139,6 +139,9 @@ class RayConfig:
     start_timeout_s: float = setting(600.0, "Give up when the learner is not serving after this long (placement "
                                             "included).")
     progress_interval_s: float = setting(1.0, "Seconds between progress updates.")
+    placement_timeout_s: float = setting(60.0, "Report the actors Ray has not placed after this long, with the "
+                                               "resources they ask and the cluster's free ones; the launch fails "
+                                               "when no train actor is placed by then.")
     log_to_driver: bool = setting(False, "Also print the learner's and actors' logs here (Ray's log_to_driver).")
 
     def __post_init__(self):
@@ -146,6 +149,7 @@ class RayConfig:
         for name in ("learner_resources", "actor_resources", "eval_actor_resources"):
             self.resources(name)  # refused now, before any connection to the cluster
         check_range("max_restarts", self.max_restarts, low=-1)
+        check_range("placement_timeout_s", self.placement_timeout_s, low=0, low_open=True)
         check_range("learner_max_restarts", self.learner_max_restarts, low=-1)
         check_range("learner_ranks", self.learner_ranks, low=1)
         if self.learner_ranks > 1 and not any(self.resources("learner_resources").values()):

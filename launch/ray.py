@@ -63,6 +63,7 @@ define_flags(RayConfig, skip=("learner", "fleet"))
 FLAGS = flags.FLAGS
 
 ACTORS_GONE = "every actor is out of restarts"
+NONE_PLACED = "Ray placed no train actor"
 
 
 def launch(config: RayConfig) -> int:
@@ -93,7 +94,7 @@ def launch(config: RayConfig) -> int:
             print(f"fleetrl: {config.learner.problem} learner{rank} (pid {info['pid']}) on node {info['node_id'][:8]} "
                   f"({info['ip']}), serving {info['address']}, logdir {info['logdir']} on that node")
         addresses = [info["address"] for info in infos]
-        actors = {}
+        actors, asked = {}, {}
         security = dict(auth_token_file=config.learner.auth_token_file, tls_ca=config.tls_ca,
                         tls_cert=config.actor_tls_cert, tls_key=config.actor_tls_key,
                         tls_server_name=config.tls_server_name)
@@ -105,8 +106,10 @@ def launch(config: RayConfig) -> int:
                 **ray_options(resources)
             ).remote(dataclasses.asdict(actor_config), token)
             actors[name] = handle
+            asked[name] = resources
             handles.append(handle)
-        summary = _serve(group, actors, config.progress_interval_s, stop_requested, config.start_timeout_s)
+        watch = _Watch(asked=asked, placement_timeout_s=config.placement_timeout_s)
+        summary = _serve(group, actors, config.progress_interval_s, stop_requested, config.start_timeout_s, watch)
     finally:
         for handle in handles:  # nothing stays on the cluster: not even an actor Ray would restart
             ray.kill(handle, no_restart=True)
@@ -117,16 +120,16 @@ def launch(config: RayConfig) -> int:
         print(f"the learner failed:\n{(summary or {}).get('error', 'no summary')}", file=sys.stderr)
         return 1
     print_summary(summary)
-    if stop_requested and stop_requested[0] == ACTORS_GONE:
+    if stop_requested and stop_requested[0] in (ACTORS_GONE, NONE_PLACED):
         return 1
     return 1 if summary.get("target_reached") is False and not stop_requested else 0
 
 
 def _serve(group: LearnerGroup, actors: dict[str, Any], interval_s: float, stop_requested: list[str],
-           start_timeout_s: float) -> dict[str, Any] | None:
+           start_timeout_s: float, watch: _Watch) -> dict[str, Any] | None:
     """Shows progress and reports actor placements and restarts, and the learner's, until
     the learner's run ends."""
-    progress, watch = Progress(sys.stdout.isatty()), _Watch()
+    progress = Progress(sys.stdout.isatty())
     while True:
         try:
             failure = _serve_until_done(group, actors, interval_s, stop_requested, progress, watch)
@@ -161,7 +164,7 @@ def _serve_until_done(group: LearnerGroup, actors: dict[str, Any], interval_s: f
             progress.end()
             print(f"{stop_requested[0]}: stopping")
             reason = stop_requested[0]
-            group.stop(reason if reason == ACTORS_GONE else f"stopped by {reason}")
+            group.stop(reason if reason in (ACTORS_GONE, NONE_PLACED) else f"stopped by {reason}")
             return group.wait(60.0)
         summary = group.wait(0.0)
         if failure := group.failed_rank():  # after the wait: a rank 0 that ended by losing a rank is one
@@ -174,6 +177,10 @@ def _serve_until_done(group: LearnerGroup, actors: dict[str, Any], interval_s: f
         train = [name for name in actors if not name.startswith("eval")]
         if train and all(name in watch.gone for name in train):
             stop_requested.append(ACTORS_GONE)
+        if watch.placement_overdue():
+            unplaced = watch.report_unplaced(list(actors), progress)
+            if train and all(name in unplaced for name in train):
+                stop_requested.append(NONE_PLACED)
         time.sleep(interval_s)
 
 
@@ -184,6 +191,28 @@ class _Watch:
     placed: dict[str, int] = dataclasses.field(default_factory=dict)  # name -> pid
     rejoining: set[str] = dataclasses.field(default_factory=set)
     gone: set[str] = dataclasses.field(default_factory=set)  # out of restarts
+    asked: dict[str, dict[str, float]] = dataclasses.field(default_factory=dict)  # name -> Ray resources
+    placement_timeout_s: float = 60.0
+    started: float = dataclasses.field(default_factory=time.monotonic)
+    reported_unplaced: bool = False
+
+    def placement_overdue(self) -> bool:
+        return not self.reported_unplaced and time.monotonic() - self.started >= self.placement_timeout_s
+
+    def report_unplaced(self, names: list[str], progress: Progress) -> list[str]:
+        """Prints each actor Ray has not placed, with what it asks and what the cluster has
+        free; returns their names. Once: Ray may still place them as resources free up."""
+        self.reported_unplaced = True
+        unplaced = [name for name in names if name not in self.placed and name not in self.gone]
+        if unplaced:
+            progress.end()
+            free = {k: v for k, v in sorted(ray.available_resources().items()) if not k.startswith("node:")}
+            total = {k: v for k, v in sorted(ray.cluster_resources().items()) if not k.startswith("node:")}
+            for name in unplaced:
+                print(f"{name} is not placed after {self.placement_timeout_s:g}s: it asks {self.asked.get(name)}, "
+                      f"and the cluster has {free} free of {total} (--actor_resources, --num_actors, or more "
+                      "nodes)", flush=True)
+        return unplaced
 
 
 def _watch(actors: dict[str, Any], watch: _Watch, progress: Progress) -> None:

@@ -20,6 +20,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import sys
 import tempfile
 import threading
 import traceback
@@ -55,6 +56,23 @@ def _token_file(token: str | None):
 
 
 WILDCARDS = ("0.0.0.0", "[::]", "")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+def _log_lines(path: str | None = None) -> None:
+    """This process's log lines, at INFO: to stderr (Ray keeps it in its session logs and,
+    with --log_to_driver, prints it in the launcher's terminal) and to `path` (the learner's
+    log in its logdir, as launch.local writes it). logging.basicConfig would do nothing here:
+    Ray's worker has given the root logger handlers of its own."""
+    root = logging.getLogger()
+    root.setLevel(logging.INFO)
+    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    if path is not None:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        handlers.append(logging.FileHandler(path))
+    for handler in handlers:
+        handler.setFormatter(logging.Formatter(LOG_FORMAT))
+        root.addHandler(handler)
 
 
 def _node() -> dict[str, Any]:
@@ -69,9 +87,9 @@ class FleetrlLearner:
         """`restarted`: the launcher started it again (learner ranks restart as a group);
         else it is restarted when Ray reconstructed its actor. `token`: the run's own, which
         the launcher made when the user gave neither a token nor client certificates."""
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
         learner_config = LearnerConfig(**config)
         rank = learner_config.rank
+        _log_lines(os.path.join(learner_config.logdir, "logs", "learner" + (f".rank{rank}" if rank else "") + ".log"))
         port_file = os.path.join(learner_config.logdir, "learner_port" + (f".rank{rank}" if rank else ""))
         host, port = learner_config.bind.rsplit(":", 1)
         self.restarted = restarted or ray.get_runtime_context().was_current_actor_reconstructed
@@ -123,7 +141,7 @@ class FleetrlActor:
     """One fleetrl actor (train or eval), acting from the moment it is built."""
 
     def __init__(self, config: dict[str, Any], token: str | None = None):
-        logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+        _log_lines()
         self.config = ActorConfig(**config)
         self._token = token
         self._state, self._error = "running", ""

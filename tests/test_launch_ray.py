@@ -157,7 +157,7 @@ def test_a_run_trains_with_actors_on_both_nodes_and_leaves_nothing_behind(cluste
     token = tmp_path / "token"
     token.write_text(uuid.uuid4().hex)
     process = start_launcher(cluster, tmp_path / "run", "--target_eval_metric=30", "--total_env_steps=1000000",
-                             f"--auth_token_file={token}",
+                             f"--auth_token_file={token}", "--log_to_driver",
                              "--num_eval_actors=1", "--eval_envs_per_actor=4", '--eval_actor_resources={"CPU": 0}',
                              "--eval_interval_s=1", "--hparams=eval_episodes=4")
     output, _ = process.communicate(timeout=300)
@@ -171,6 +171,10 @@ def test_a_run_trains_with_actors_on_both_nodes_and_leaves_nothing_behind(cluste
     assert "eval-actor-0 started" in output
     rounds = (tmp_path / "run" / "eval.jsonl").read_text().splitlines()
     assert rounds and json.loads(rounds[0])["episodes"] == 4, rounds
+    # The learner's own log: in its logdir, as launch.local keeps it, and here with --log_to_driver.
+    log = (tmp_path / "run" / "logs" / "learner.log").read_text()
+    assert "joined: train, " in log and "joined: eval, 4 envs" in log, log
+    assert "joined: train, " in output
     assert fleetrl_ray_processes() == []
 
 
@@ -304,6 +308,23 @@ def test_the_run_ends_when_its_actors_run_out_of_restarts(cluster, tmp_path):
         output = "".join(lines) + process.communicate(timeout=120)[0]
     assert process.returncode == 1, output
     assert "actor-0 is gone for good" in output and "done: every actor is out of restarts" in output
+    assert fleetrl_ray_processes() == []
+
+
+def test_actors_that_ray_cannot_place_are_reported_and_none_placed_fails_the_launch(cluster, tmp_path):
+    """Each actor asks more CPUs than any node has: after --placement_timeout_s the launcher
+    names them with what they ask and what is free, and ends the launch (it used to show
+    "actors 0" for as long as the run lasted)."""
+    process = subprocess.run(
+        [sys.executable, "-m", "fleetrl.launch.ray", f"--address={cluster}", f"--logdir={tmp_path / 'run'}",
+         "--problem=cartpole", "--num_actors=2", '--actor_resources={"CPU": 64}', "--placement_timeout_s=5",
+         '--learner_resources={"CPU": 1, "fleetrl_learner_node": 1}', "--total_env_steps=100000"],
+        capture_output=True, text=True, env=ENV, timeout=300)
+    output = process.stdout + process.stderr
+    assert process.returncode == 1, output
+    for name in ("actor-0", "actor-1"):
+        assert f"{name} is not placed after 5s: it asks {{'CPU': 64}}, and the cluster has" in output, output
+    assert "done: Ray placed no train actor" in output
     assert fleetrl_ray_processes() == []
 
 
