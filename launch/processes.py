@@ -29,11 +29,14 @@ class Child:
     name: str
     process: subprocess.Popen
     log_path: str
+    log_start: int = 0  # where this process's lines begin: the log may hold an earlier run's
 
     def tail(self, lines: int = 20) -> str:
+        """The last lines this process wrote to its log."""
         try:
-            with open(self.log_path, errors="replace") as f:
-                return "".join(f.readlines()[-lines:])
+            with open(self.log_path, "rb") as f:
+                f.seek(self.log_start)
+                return "".join(f.read().decode(errors="replace").splitlines(keepends=True)[-lines:])
         except OSError:
             return ""
 
@@ -45,11 +48,12 @@ class ChildProcesses:
     def start(self, name: str, argv: Sequence[str], log_path: str, env: dict[str, str] | None = None) -> Child:
         os.makedirs(os.path.dirname(log_path) or ".", exist_ok=True)
         with open(log_path, "ab") as log:
+            start = log.tell()
             process = subprocess.Popen(
                 list(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 start_new_session=True, preexec_fn=_die_with_parent, env={**os.environ, **(env or {})},
             )
-        child = Child(name, process, log_path)
+        child = Child(name, process, log_path, start)
         self.children.append(child)
         return child
 

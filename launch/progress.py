@@ -144,6 +144,9 @@ def _recordable(problem: Any, build_env: bool) -> bool:
         return True
     if not build_env:
         return False
+    # Headless, as launch.evaluate draws: pygame (CartPole's renderer) then needs no display.
+    os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+    os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
     env = problem.make_eval_env()
     try:
         obs, _ = env.reset(seed=0)

@@ -246,3 +246,26 @@ def test_a_learner_writes_a_final_checkpoint_when_the_run_ends(tmp_path, running
     with running_learner(tmp_path, checkpoint_interval_s=0) as learner:
         assert CheckpointDir(os.path.join(learner.config.logdir, "checkpoints")).latest() is None
     assert CheckpointDir(os.path.join(learner.config.logdir, "checkpoints")).latest() is not None
+
+
+def test_a_logdir_that_holds_another_problems_run_is_named_with_the_fix(tmp_path):
+    """It resumes from its logdir: a run of another Problem there is refused, saying so."""
+    first = learner_on(tmp_path)
+    first.run_state.save()
+    first.server.stop(0)
+    with pytest.raises(ValueError, match=r"holds a run of problem 'cartpole' .*pick a new --logdir for this "
+                                         r"'pendulum' run"):
+        learner_on(tmp_path, problem="pendulum")
+
+
+def test_a_launchers_child_shows_only_its_own_lines_of_a_log_an_earlier_run_wrote(tmp_path):
+    import sys
+
+    from fleetrl.launch.processes import ChildProcesses
+
+    log = tmp_path / "learner.log"
+    log.write_text("an earlier run's line\n")
+    children = ChildProcesses()
+    child = children.start("learner", [sys.executable, "-c", "print('this run')"], str(log))
+    child.process.wait(timeout=60)
+    assert child.tail() == "this run\n" and "an earlier run's line" in log.read_text()

@@ -179,6 +179,7 @@ def test_a_run_is_evaluated_from_its_logdir_and_a_subclass_may_draw_it(tmp_path,
         [sys.executable, "-m", "fleetrl.launch.evaluate", f"--checkpoint={checkpoint}", "--problem=grid_nav",
          "--hparams=", "--episodes=1"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 2 and "was written by problem 'cartpole', not 'grid_nav'" in result.stderr
+    assert "--allow_other_problem plays its weights where they fit" in result.stderr  # the flag that asks twice
 
 
 def test_standalone_evaluation_sets_hparams_over_the_checkpoints_own(tmp_path):

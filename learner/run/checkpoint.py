@@ -73,11 +73,13 @@ def resolve_checkpoint(path: str) -> str:
 
 
 def check_fits(checkpoint: Mapping[str, Any], problem: str, model: torch.nn.Module, path: str,
-               other_problem: bool = False) -> None:
+               other_problem: bool = False, other_problem_flag: str = "") -> None:
     """Raises CheckpointError naming the mismatch if `checkpoint` cannot load into `model`.
-    With `other_problem`, a checkpoint of another Problem loads if its weights fit."""
+    With `other_problem`, a checkpoint of another Problem loads if its weights fit; the
+    refusal names `other_problem_flag`, the flag that allows it."""
     if checkpoint["problem"] != problem and not other_problem:
-        raise CheckpointError(f"{path} was written by problem {checkpoint['problem']!r}, not {problem!r}")
+        allow = f"; {other_problem_flag} plays its weights where they fit" if other_problem_flag else ""
+        raise CheckpointError(f"{path} was written by problem {checkpoint['problem']!r}, not {problem!r}{allow}")
     saved = checkpoint["model"]
     _check_agent_weights(model, saved, path)
     expected = model.state_dict()

@@ -185,6 +185,10 @@ class RunState:
                 self._warm_start(resolve_checkpoint(self.config.init_checkpoint))
             return None
         checkpoint = load_checkpoint(latest, self.device)
+        if checkpoint["problem"] != self.config.problem:
+            raise CheckpointError(
+                f"the logdir {self.config.logdir} holds a run of problem {checkpoint['problem']!r} ({latest}), and a "
+                f"run resumes from its logdir: pick a new --logdir for this {self.config.problem!r} run")
         check_fits(checkpoint, self.config.problem, self.agent, latest)
         if "optimizer" not in checkpoint:
             raise CheckpointError(f"{latest} holds no optimizer state and cannot resume a run")

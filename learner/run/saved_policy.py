@@ -53,7 +53,7 @@ def load_policy(checkpoint: str, hparams: Mapping[str, str] | None = None, probl
     merged = {**(saved["hparams"] if own else {}), **(hparams or {})}
     loaded = load_problem(name, merged)
     agent = loaded.make_agent().to(device)
-    check_fits(saved, name, agent, path, other_problem=own or any_problem)
+    check_fits(saved, name, agent, path, other_problem=own or any_problem, other_problem_flag="--allow_other_problem")
     agent.load_state_dict(saved["model"])
     agent.eval()
     return SavedPolicy(path, saved, loaded, merged, agent)
