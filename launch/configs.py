@@ -206,8 +206,12 @@ class EvaluateConfig:
 class ExportConfig:
     """`launch.export`: a checkpoint's weights alone, loadable anywhere with weights_only=True."""
 
-    checkpoint: str = setting("", "A checkpoint file (ckpt-*.pt or best.pt).")
+    checkpoint: str = setting("", "A checkpoint file (ckpt-*.pt or best.pt), or a run's logdir (its best.pt if an "
+                                  "eval round wrote one, else its latest checkpoint).")
     output: str = setting("model.pt", "Where to write the weights.")
+    problem: str = setting("", "--pretrained_dir: the Problem that rebuilds the agent, when the checkpoint's is an "
+                               "import path of your own (fleetrl imports no module that a file names); default: "
+                               "the checkpoint's, if registered.")
     pretrained_dir: str = setting("", "Vision-language agents: also write the fine-tuned model to this folder, "
                                   "LoRA adapters merged into the base weights, with its processor, as "
                                   "`from_pretrained` loads it (and the value head as value_head.pt).")

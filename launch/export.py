@@ -20,8 +20,8 @@ from absl import logging
 
 from fleetrl.launch.configs import ExportConfig
 from fleetrl.launch.flags import define_flags, from_flags, run_main
-from fleetrl.learner.run.checkpoint import export_weights
-from fleetrl.problems.registry import load_problem
+from fleetrl.learner.run.checkpoint import export_weights, resolve_checkpoint
+from fleetrl.problems.registry import load_problem, trusted_problem_class
 
 define_flags(ExportConfig)
 
@@ -30,9 +30,9 @@ def main(argv: list[str]) -> int:
     del argv
     try:
         config = from_flags(ExportConfig)
-        exported = export_weights(config.checkpoint, config.output)
+        exported = export_weights(resolve_checkpoint(config.checkpoint), config.output)
         if config.pretrained_dir:
-            export_pretrained(exported, config.pretrained_dir)
+            export_pretrained(exported, config.pretrained_dir, config.problem or None)
     except ValueError as e:  # no --checkpoint, not a readable checkpoint, not a pretrained model
         logging.error("%s", e)
         return 2
@@ -42,8 +42,12 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def export_pretrained(exported: dict, directory: str) -> None:
-    agent = load_problem(exported["problem"], exported["hparams"]).make_agent()
+def export_pretrained(exported: dict, directory: str, problem: str | None = None) -> None:
+    """The agent of `exported` written as a pretrained folder; `problem`: the user's own
+    Problem that rebuilds it, else the checkpoint's, which must be a registered one."""
+    if problem is None:
+        trusted_problem_class(exported["problem"], "the checkpoint")
+    agent = load_problem(problem or exported["problem"], exported["hparams"]).make_agent()
     if not hasattr(agent, "export_pretrained"):
         raise ValueError(f"--pretrained_dir: {exported['problem']}'s agent ({type(agent).__name__}) is not a "
                          f"pretrained transformers model; the weights file is all there is to export")

@@ -269,3 +269,17 @@ def test_a_launchers_child_shows_only_its_own_lines_of_a_log_an_earlier_run_wrot
     child = children.start("learner", [sys.executable, "-c", "print('this run')"], str(log))
     child.process.wait(timeout=60)
     assert child.tail() == "this run\n" and "an earlier run's line" in log.read_text()
+
+
+def test_export_takes_a_run_folder_as_evaluate_and_init_checkpoint_do(tmp_path):
+    import subprocess
+    import sys
+
+    learner = learner_on(tmp_path / "run")
+    learner.run_state.save()
+    learner.server.stop(0)
+    output = tmp_path / "model.pt"
+    result = subprocess.run([sys.executable, "-m", "fleetrl.launch.export", f"--checkpoint={tmp_path / 'run'}",
+                             f"--output={output}"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert torch.load(output, weights_only=True)["problem"] == "cartpole"
