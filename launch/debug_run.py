@@ -22,6 +22,7 @@ is fixed by the schedule above; the unroll queue never blocks (it is unbounded).
 
 from __future__ import annotations
 
+import bdb
 import dataclasses
 import logging
 import os
@@ -182,6 +183,9 @@ class DebugRun:
                     break
                 if max_updates is not None and self.updates >= max_updates:
                     run.finish(f"max_updates reached ({max_updates})")
+        except bdb.BdbQuit:  # `q` at a breakpoint: a stop, with the final checkpoint
+            run.finish("quit from the debugger")
+            raise
         except BaseException as e:
             failed = True
             run.finish(f"error: {e!r}")
@@ -192,8 +196,9 @@ class DebugRun:
                 self._progress.end()
             final_checkpoint = run.close(self._summaries, stopped_together=True, failed=failed)
             self._close_actors()
-        summary = dataclasses.replace(run.summary(), final_checkpoint=final_checkpoint)
-        write_summary(run.own_logdir, summary)
+            # At every end, a quit or a crash included, as the served learner writes it.
+            summary = dataclasses.replace(run.summary(), final_checkpoint=final_checkpoint)
+            write_summary(run.own_logdir, summary)
         return summary
 
     def _stop_if_done(self) -> bool:

@@ -91,6 +91,16 @@ def test_a_breakpoint_in_a_user_problems_env_stops_the_run_in_its_terminal(tmp_p
     assert json.loads((tmp_path / "run" / "summary.json").read_text())["env_steps"] >= 3000
 
 
+def test_quitting_pdb_at_a_breakpoint_still_writes_the_runs_summary(tmp_path):
+    (tmp_path / "pausing.py").write_text(PAUSING)
+    result = debug(tmp_path, "--problem=pausing:PausingCorridor", f"--logdir={tmp_path / 'run'}",
+                   "--total_env_steps=3000", "--num_actors=1", "--envs_per_actor=4", stdin="q\n",
+                   path=[tmp_path, EXAMPLES])
+    assert result.returncode == 1 and "quit from pdb" in result.stderr, result.stdout + result.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["reason"] == "quit from the debugger" and summary["final_checkpoint"], summary
+
+
 def test_post_mortem_opens_pdb_in_the_frame_that_raised(tmp_path):
     (tmp_path / "failing.py").write_text(FAILING)
     result = debug(tmp_path, "--problem=failing:FailingCorridor", f"--logdir={tmp_path / 'run'}", "--post_mortem",
