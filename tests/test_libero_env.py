@@ -143,3 +143,21 @@ def test_episodes_per_task_keeps_a_task_for_that_many_episodes(monkeypatch_modul
         assert len({info["reset_state_id"] for info in infos}) > 3  # the init state is drawn every time
     finally:
         env.close()
+
+
+def test_libero_prints_its_notices_once_per_process(tmp_path):
+    """robosuite's macro warnings used to print twice (its handler and absl's) and LIBERO's
+    "[info] using task orders" once per env built (four times per command)."""
+    import subprocess
+    import sys
+
+    script = ("from absl import logging\nlogging.use_absl_handler()\n"
+              "from fleetrl.envs.libero.env import LiberoEnv\n"
+              "for _ in range(3):\n    env = LiberoEnv('libero_spatial', task_ids=(0,), image_size=16)\n"
+              "env.reset(options={'task_index': 0, 'trial': 0})\nenv.close()\n")  # robosuite imported
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                            env={**os.environ, "LIBERO_CONFIG_PATH": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    output = result.stdout + result.stderr
+    assert output.count("using task orders") == 1, output
+    assert output.count("No private macro file found") == 1, output

@@ -41,6 +41,9 @@ def prepare_libero(config_dir: str | None = None, mujoco_gl: str = "egl") -> str
         raise LiberoNotInstalled()
     config_dir = os.environ.setdefault("LIBERO_CONFIG_PATH", config_dir or DEFAULT_CONFIG_DIR)
     os.environ.setdefault("MUJOCO_GL", mujoco_gl)
+    # robosuite's logger prints its own lines; passed on to the root logger too (absl's, at
+    # the entry points), each of its warnings printed twice.
+    logging.getLogger("robosuite_logs").propagate = False
     os.environ.setdefault("PYOPENGL_PLATFORM", os.environ["MUJOCO_GL"])
     path = os.path.join(config_dir, "config.yaml")
     if not os.path.exists(path) or (config_dir == DEFAULT_CONFIG_DIR and not _points_at(path, root)):

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import math
 
 import gymnasium as gym
@@ -66,6 +67,16 @@ def axis_angle(quaternion: np.ndarray) -> np.ndarray:
     if den < 1e-8:
         return np.zeros(3, np.float32)
     return (np.array([x, y, z]) * 2.0 * math.acos(w) / den).astype(np.float32)
+
+
+@functools.cache
+def benchmark_suite(name: str):
+    """LIBERO's benchmark object for a suite, built once per process: it reads only task files
+    (never changed), and each build prints "[info] using task orders" again."""
+    prepare_libero()
+    from libero.libero import benchmark  # after prepare_libero: importing it reads the config
+
+    return benchmark.get_benchmark_dict()[name]()
 
 
 def action_space() -> gym.spaces.Box:
@@ -108,8 +119,6 @@ class LiberoEnv(gym.Env):
         if not 0.0 < mesh_detail <= 1.0:
             raise ValueError(f"mesh_detail is the fraction of visual mesh faces kept, in (0, 1]; got {mesh_detail}")
         prepare_libero()
-        from libero.libero import benchmark  # after prepare_libero: importing it reads the config
-
         self.suite_name, self.image_size, self.num_wait_steps = suite, image_size, num_wait_steps
         self.max_episode_steps = max_episode_steps or MAX_EPISODE_STEPS[suite]
         self.reward_coef, self.reward_once, self.step_penalty = reward_coef, reward_once, step_penalty
@@ -120,7 +129,7 @@ class LiberoEnv(gym.Env):
         self._decimated = DecimatedFaces()  # kept across builds: a scene built again is not decimated again
         self.observation_wanted = True  # a hint for the next step only (ActionChunks sets it)
         self._pinned_task, self._pinned_left = 0, 0
-        self.suite = benchmark.get_benchmark_dict()[suite]()
+        self.suite = benchmark_suite(suite)
         all_tasks = range(self.suite.get_num_tasks())
         self.task_ids = tuple(task_ids) or tuple(all_tasks)
         if not set(self.task_ids) <= set(all_tasks):
