@@ -116,7 +116,7 @@ def fingerprint(logdir: pathlib.Path) -> tuple[dict, dict, dict]:
     """(summary counters, final weights, every TensorBoard scalar that does not measure time)."""
     summary = json.loads((logdir / "summary.json").read_text())
     weights = torch.load(summary.pop("final_checkpoint"), weights_only=True)["model"]
-    summary.pop("wall_s")
+    summary.pop("wall_s"), summary.pop("run_wall_s")
     scalars = {}
     for prefix, folder in (("", logdir), ("eval run: ", logdir / "eval")):  # eval rounds write to their own run
         if not folder.is_dir():
