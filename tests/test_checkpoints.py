@@ -82,7 +82,7 @@ def test_a_resumed_run_reports_the_return_window_it_had_and_writes_strict_json(t
     summary = strict_load(tmp_path / "summary.json")
     assert (summary["episodes"], summary["mean_episode_return"], summary["returns_in_window"]) == (2, 15.0, 2)
     # wall_s is this process's; run_wall_s the run's, the first process's time included.
-    assert summary["wall_s"] < 100 and summary["run_wall_s"] >= 1000 + summary["wall_s"]
+    assert summary["wall_s"] < 100 and 1000 <= summary["run_wall_s"] <= 1000 + summary["wall_s"] + 1
 
     fresh = learner_on(tmp_path / "fresh")  # no episode at all: the mean is null, and the count says why
     write_summary(str(tmp_path / "fresh"), fresh.summary())

@@ -93,7 +93,7 @@ class LearnerService(pb_grpc.LearnerServicer):
     def count_rejection(self, kind: str = "", message: str = "") -> None:
         """Counts a refused call, and logs it (rate-limited) when it says why."""
         self.rejected_messages += 1
-        if message:
+        if message and kind != "CANCELLED":  # an idle stream's end: its watchdog logs it already
             self.refusals.refused(kind, message)
 
     async def GetRunInfo(self, request: pb.RunInfoRequest, context: grpc.aio.ServicerContext) -> pb.RunInfo:
